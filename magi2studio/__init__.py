@@ -1,0 +1,3 @@
+"""magi2studio: a reproducibility distribution and web studio for MAGI-2 Preview."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,67 @@
+"""The deterministic environment of the seed's appendix A.5, owned in one place.
+
+Engines apply it before torch starts; the image sets it as ENV; the manifest records it;
+``magi2studio env`` prints it as shell exports.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+from collections.abc import MutableMapping
+
+# Fixed values. TORCHINDUCTOR_CACHE_DIR is added per run (a fresh, empty cache).
+DETERMINISTIC_ENV: dict[str, str] = {
+    # Keep only one Inductor config per reduction, so compile-time benchmarking cannot pick
+    # a different reduction order run to run (no measurable cost: 697.8 vs 700-703 ms).
+    "TORCHINDUCTOR_FORCE_FILTER_REDUCTION_CONFIGS": "1",
+    # Set, but it has no effect on MAGI-2: the pipeline calls
+    # torch.use_deterministic_algorithms(magi2_deterministic) during construction.
+    "TORCHINDUCTOR_DETERMINISTIC": "1",
+    # cuBLAS picks workspace-dependent algorithms otherwise.
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    # Workers are spawned, never forked, so no CUDA/MUSA state or RNG is inherited.
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+}
+
+WHAT_HASHES_PROVE = (
+    "With these settings, identical output hashes prove identical outputs. Differing hashes do "
+    "not prove that the numerics changed: whether a GEMM is padded (pad_mm) is still decided by "
+    "compile-time benchmarking, so a difference needs a closer look (compare against an fp64 "
+    "reference or repeat the run)."
+)
+
+
+def deterministic_env(cache_dir: str | None = None) -> dict[str, str]:
+    """The variables for one run; ``cache_dir`` defaults to a new empty temp folder."""
+
+    env = dict(DETERMINISTIC_ENV)
+    env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir or tempfile.mkdtemp(prefix="magi2-inductor-")
+    return env
+
+
+def apply(environ: MutableMapping[str, str] | None = None, cache_dir: str | None = None) -> dict[str, str]:
+    """Set the deterministic environment (before torch is imported) and return what was set."""
+
+    target = os.environ if environ is None else environ
+    env = deterministic_env(cache_dir)
+    target.update(env)
+    return env
+
+
+def as_exports(env: dict[str, str] | None = None) -> str:
+    env = env if env is not None else {**DETERMINISTIC_ENV, "TORCHINDUCTOR_CACHE_DIR": "$(mktemp -d)"}
+    lines = []
+    for key, value in env.items():
+        shown = value if value.startswith("$(") else shlex.quote(value)
+        lines.append(f"export {key}={shown}")
+    return "\n".join(lines)
+
+
+def recorded(environ: MutableMapping[str, str] | None = None) -> dict[str, str | None]:
+    """What is in force now, for the manifest and ``doctor``."""
+
+    source = os.environ if environ is None else environ
+    keys = [*DETERMINISTIC_ENV, "TORCHINDUCTOR_CACHE_DIR"]
+    return {key: source.get(key) for key in keys}

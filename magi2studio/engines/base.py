@@ -1,0 +1,102 @@
+"""The engine interface: what the CLI, the studio and reproduction drive, whatever runs below.
+
+Two engines implement it: ``embedded`` (upstream's MAGI-2 code at a tiny configuration,
+CPU, generated weights) and ``vllm-omni`` (the real pipeline on MUSA/CUDA GPUs). Engines
+return arrays; :mod:`magi2studio.runs` turns them into a run folder the same way for both.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..layouts import Layout
+from ..request import Request
+from ..tiers import Tier
+
+# Stage names used in progress events, steps.jsonl and the manifest's stage times.
+STAGES = ("load", "encode", "preview", "refiner", "decode_video", "decode_audio", "mux")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One event from the engine: a stage starting, or a denoising step finished.
+
+    ``step`` is the 0-based index of the step just finished, out of ``total``.
+    """
+
+    stage: str
+    step: int | None = None
+    total: int | None = None
+    elapsed_s: float = 0.0
+    message: str = ""
+
+
+@dataclass
+class Capabilities:
+    """What an engine can run here, and why not where it cannot (shown greyed out)."""
+
+    engine: str
+    platform: str
+    devices: list[str]
+    tiers: dict[str, str | None]  # tier -> None when runnable, else the reason
+    max_world_size: int
+    default_steps: int
+    default_refiner_steps: int
+    default_compile: str
+    compile_modes: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Generation:
+    """An engine's output for one request, before it becomes a run folder."""
+
+    frames: np.ndarray  # uint8 [F, H, W, 3]
+    audio: np.ndarray  # float32 [samples, channels] at 44.1 kHz
+    fps: float
+    sample_rate: int
+    step_records: list[dict[str, Any]]  # {"rank", "stage", "step", "ms"}
+    stage_ms: dict[str, float]
+    resolved: dict[str, Any]  # the request's engine defaults, resolved (steps, compile, ...)
+    engine_info: dict[str, Any]  # name, embedded or not, components, configs, kernels
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+class Engine(ABC):
+    name: str
+
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @abstractmethod
+    def check_layout(self, layout: Layout, tier: Tier) -> list[str]:
+        """Raise InputError if this engine cannot run ``layout`` for ``tier``; return warnings."""
+
+    @abstractmethod
+    def start(self, layout: Layout) -> bool:
+        """Make the engine ready for ``layout``; return True if that (re)started it."""
+
+    @property
+    @abstractmethod
+    def layout(self) -> Layout | None: ...
+
+    @abstractmethod
+    def generate(
+        self,
+        request: Request,
+        *,
+        on_progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Generation:
+        """Run one request on the started layout. Raises Cancelled at a step boundary."""
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,183 @@
+"""The generation request: what the user asks for, validated, and round-tripped through YAML.
+
+Every refusal is an :class:`InputError` naming the field and the fix. Nothing here imports
+torch, so the CLI and the studio can validate before any engine starts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from .errors import InputError
+from .tiers import TIERS, get_tier
+
+MAX_PROMPT_FILE_BYTES = 256 * 1024  # Sand AI's published prompts are 9-11 k characters
+MAX_PROMPT_CHARS = 200_000
+MAX_STEPS = 1000
+MAX_REFINER_STEPS = 50
+MAX_SEED = 2**63 - 1
+IMAGE_MIN_SIDE = 16
+IMAGE_MAX_SIDE = 8192
+IMAGE_MAX_ASPECT = 8.0
+
+CompileMode = Literal["static", "dynamic", "eager"]
+
+
+class Request(BaseModel):
+    """One T2VA or I2VA generation. ``None`` means "the engine's default" (recorded resolved)."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+    mode: Literal["t2va", "i2va"] = "t2va"
+    prompt: str
+    prompt_file: str | None = None
+    image: str | None = None
+    negative_prompt: str | None = None
+    seed: int = 42
+    tier: str = "272p"
+    steps: int | None = None
+    refiner_steps: int | None = None
+    video_cfg: float = 5.0
+    audio_cfg: float = 7.0
+    compile: CompileMode | None = None
+    deterministic: bool = True
+
+    @field_validator("seed", "steps", "refiner_steps", mode="before")
+    @classmethod
+    def _integers_only(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError("must be a whole number")
+        if isinstance(value, str):
+            raise ValueError("must be a whole number, not text")
+        return value
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)
+
+    @classmethod
+    def from_yaml(cls, text: str, *, source: str = "request") -> Request:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise InputError(source, f"not valid YAML ({err.__class__.__name__})", "fix the YAML syntax") from None
+        if not isinstance(data, dict):
+            raise InputError(source, "must be a mapping of request fields", "write key: value lines")
+        if "prompt" not in data and data.get("prompt_file"):
+            data = {**data, "prompt": read_prompt_file(data["prompt_file"])}
+        return build_request(**data)
+
+
+_FIXES = {
+    "mode": "use t2va or i2va",
+    "prompt": "give a non-empty prompt",
+    "seed": "use a whole number from 0 to 2^63-1",
+    "steps": f"use a whole number from 1 to {MAX_STEPS}",
+    "refiner_steps": f"use a whole number from 1 to {MAX_REFINER_STEPS}",
+    "video_cfg": "use a finite number such as 5.0",
+    "audio_cfg": "use a finite number such as 7.0",
+    "compile": "use static, dynamic or eager",
+    "deterministic": "use true or false",
+}
+
+
+def build_request(**fields: Any) -> Request:
+    """Construct and validate a request; the one entry point for CLI, YAML, studio and API."""
+
+    try:
+        request = Request(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "request"
+        if first["type"] == "extra_forbidden":
+            allowed = ", ".join(Request.model_fields)
+            raise InputError(field, "is not a request field", f"remove it; the fields are {allowed}") from None
+        if first["type"] == "missing":
+            raise InputError(field, "is required", _FIXES.get(field, "add it")) from None
+        raise InputError(field, first["msg"].lower(), _FIXES.get(field, "correct its type")) from None
+    return validate_request(request)
+
+
+def validate_request(request: Request) -> Request:
+    if not request.prompt.strip():
+        raise InputError("prompt", "is empty", "give a prompt or a prompt file with text in it")
+    if len(request.prompt) > MAX_PROMPT_CHARS:
+        raise InputError("prompt", f"is {len(request.prompt)} characters", f"keep it under {MAX_PROMPT_CHARS}")
+    get_tier(request.tier)
+    if request.tier not in TIERS:
+        raise InputError("tier", f"write the tier in lower case ({request.tier.lower()})", "e.g. 272p")
+    if not 0 <= request.seed <= MAX_SEED:
+        raise InputError("seed", f"{request.seed} is out of range", _FIXES["seed"])
+    if request.steps is not None and not 1 <= request.steps <= MAX_STEPS:
+        raise InputError("steps", f"{request.steps} is out of range", _FIXES["steps"])
+    if request.refiner_steps is not None and not 1 <= request.refiner_steps <= MAX_REFINER_STEPS:
+        raise InputError("refiner_steps", f"{request.refiner_steps} is out of range", _FIXES["refiner_steps"])
+    for name in ("video_cfg", "audio_cfg"):
+        value = getattr(request, name)
+        if not math.isfinite(value) or not 0 <= value <= 50:
+            raise InputError(name, f"{value} is not a usable guidance scale", "use a number from 0 to 50")
+    if request.mode == "i2va":
+        if not request.image:
+            raise InputError("image", "I2VA needs a first-frame image", "give --image PATH, or use mode t2va")
+        check_image(request.image)
+    elif request.image:
+        raise InputError("image", "a first-frame image was given for T2VA", "use mode i2va, or drop the image")
+    return request
+
+
+def read_prompt_file(path: str | Path) -> str:
+    """Read a prompt file as Sand AI's entry script does: UTF-8, stripped, passed through."""
+
+    file = Path(path)
+    if not file.is_file():
+        raise InputError("prompt_file", f"{path} does not exist", "give the path of a text or JSON prompt file")
+    size = file.stat().st_size
+    if size > MAX_PROMPT_FILE_BYTES:
+        raise InputError(
+            "prompt_file", f"{path} is {size} bytes", f"use a prompt file under {MAX_PROMPT_FILE_BYTES // 1024} KiB"
+        )
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError("prompt_file", f"{path} is not UTF-8 text", "save the prompt file as UTF-8") from None
+    text = text.strip()
+    if not text:
+        raise InputError("prompt_file", f"{path} is empty", "put the prompt text in the file")
+    return text
+
+
+def check_image(path: str | Path) -> tuple[int, int]:
+    """Open, fully decode and size-check a first-frame image. Returns (width, height)."""
+
+    from PIL import Image, UnidentifiedImageError
+
+    file = Path(path)
+    if not file.is_file():
+        raise InputError("image", f"{path} does not exist", "give the path of a JPEG or PNG first frame")
+    try:
+        with Image.open(file) as image:
+            width, height = image.size
+            if max(width, height) > IMAGE_MAX_SIDE or min(width, height) < IMAGE_MIN_SIDE:
+                raise InputError(
+                    "image",
+                    f"{path} is {width}x{height}",
+                    f"use an image with sides from {IMAGE_MIN_SIDE} to {IMAGE_MAX_SIDE} pixels",
+                )
+            if max(width, height) / min(width, height) > IMAGE_MAX_ASPECT:
+                raise InputError(
+                    "image", f"{path} is {width}x{height}", f"use an aspect ratio under {IMAGE_MAX_ASPECT:.0f}:1"
+                )
+            image.load()
+    except InputError:
+        raise
+    except UnidentifiedImageError:
+        raise InputError("image", f"{path} is not an image", "give a JPEG or PNG file") from None
+    except (OSError, SyntaxError, ValueError) as err:
+        raise InputError("image", f"{path} is truncated or corrupt ({err})", "re-export the image") from None
+    except Image.DecompressionBombError:
+        raise InputError("image", f"{path} has absurd dimensions", "use a smaller image") from None
+    return width, height

@@ -1,0 +1,173 @@
+"""Run folders: one request in, one complete folder out, never half a folder.
+
+``outputs/<time>-<mode>-<tier>-s<seed>-<id>/`` holds request.yaml, manifest.json,
+steps.jsonl, video.mp4 (with the audio track and the request in its metadata), audio.wav
+and poster.jpg. Everything is written into a hidden temp folder beside it and renamed into
+place once complete; a cancelled or failed run leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import determinism, media, provenance
+from .engines.base import Engine, Generation, Progress, ProgressCallback
+from .errors import InputError
+from .layouts import Layout
+from .request import Request
+from .tiers import get_tier
+from .timing import gate_summary
+
+MANIFEST_VERSION = 1
+RUN_FILES = ("request.yaml", "manifest.json", "steps.jsonl", "video.mp4", "audio.wav", "poster.jpg")
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def video(self) -> Path:
+        return self.path / "video.mp4"
+
+    @property
+    def wav(self) -> Path:
+        return self.path / "audio.wav"
+
+    @property
+    def poster(self) -> Path:
+        return self.path / "poster.jpg"
+
+    @property
+    def steps(self) -> Path:
+        return self.path / "steps.jsonl"
+
+
+def check_outputs_root(root: Path) -> Path:
+    """Create the outputs root if needed and prove it is writable, before any engine work."""
+
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".probe-"):
+            pass
+    except OSError as err:
+        raise InputError("out", f"{root} is not a writable folder ({err.strerror or err})",
+                         "choose a folder you can write to with --out") from None
+    return root
+
+
+def run_name(request: Request, when: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    return f"{stamp}-{request.mode}-{request.tier}-s{request.seed}-{uuid.uuid4().hex[:6]}"
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and all((path / name).is_file() for name in RUN_FILES)
+
+
+def load_run(path: Path) -> RunFolder:
+    path = Path(path)
+    if not is_complete(path):
+        raise InputError("run", f"{path} is not a complete run folder", "give a folder written by magi2studio")
+    return RunFolder(path, json.loads((path / "manifest.json").read_text(encoding="utf-8")))
+
+
+def timing_summary(generation: Generation) -> dict[str, Any]:
+    stages = sorted({r["stage"] for r in generation.step_records}, key=lambda s: (s != "preview", s))
+    return {
+        "metric": "per step the slowest rank; steps 0 and 1 dropped; mean of the rest (seed 2.1)",
+        "stages": {stage: gate_summary(generation.step_records, stage) for stage in stages},
+        "stage_ms": generation.stage_ms,
+    }
+
+
+def build_manifest(request: Request, layout: Layout, generation: Generation, started: float,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    tier = get_tier(request.tier)
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "request": request.model_dump(mode="json"),
+        "resolved": generation.resolved,
+        "layout": {**layout.as_dict(), "vae_patch_parallel_size": layout.vae_patch_parallel(tier)},
+        "engine": generation.engine_info,
+        "output": {
+            "frames": int(generation.frames.shape[0]),
+            "width": int(generation.frames.shape[2]),
+            "height": int(generation.frames.shape[1]),
+            "fps": generation.fps,
+            "audio_samples": int(generation.audio.shape[0]),
+            "audio_channels": int(generation.audio.shape[1]),
+            "sample_rate": generation.sample_rate,
+        },
+        "hashes": {
+            "frames_sha256": media.frames_sha256(generation.frames),
+            "pcm_sha256": media.pcm_sha256(generation.audio),
+            "what_hashes_prove": determinism.WHAT_HASHES_PROVE,
+        },
+        "timing": timing_summary(generation),
+        "environment": determinism.recorded(),
+        "versions": provenance.package_versions(),
+        "build_info": provenance.build_info(),
+        **(extra or {}),
+    }
+
+
+def write_run(root: Path, request: Request, layout: Layout, generation: Generation, started: float,
+              extra: dict[str, Any] | None = None) -> RunFolder:
+    """Write every file into a temp folder, then rename it into place."""
+
+    root = check_outputs_root(root)
+    final = root / run_name(request, started)
+    temp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        manifest = build_manifest(request, layout, generation, started, extra)
+        (temp / "request.yaml").write_text(request.to_yaml(), encoding="utf-8")
+        with open(temp / "steps.jsonl", "w", encoding="utf-8") as file:
+            for record in generation.step_records:
+                file.write(json.dumps(record, sort_keys=True) + "\n")
+        t0 = time.perf_counter()
+        media.write_mp4(
+            temp / "video.mp4", generation.frames, generation.audio, generation.fps, generation.sample_rate,
+            {"comment": json.dumps({"magi2studio_request": manifest["request"], "engine": generation.engine_info.get("name")})},
+        )
+        media.write_wav(temp / "audio.wav", generation.audio, generation.sample_rate)
+        media.write_poster(temp / "poster.jpg", generation.frames)
+        manifest["timing"]["stage_ms"]["mux"] = (time.perf_counter() - t0) * 1e3
+        manifest["files"] = {name: media.file_sha256(temp / name)
+                             for name in ("request.yaml", "steps.jsonl", "video.mp4", "audio.wav", "poster.jpg")}
+        (temp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False), encoding="utf-8")
+        os.chmod(temp, 0o755)
+        os.rename(temp, final)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return RunFolder(final, manifest)
+
+
+def execute(engine: Engine, request: Request, layout: Layout, outputs_root: Path, *,
+            on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None,
+            extra: dict[str, Any] | None = None) -> RunFolder:
+    """Validate, (re)start the engine for the layout, generate, and write the run folder."""
+
+    tier = get_tier(request.tier)
+    check_outputs_root(outputs_root)
+    engine.check_layout(layout, tier)
+    started = time.time()
+    if engine.start(layout) and on_progress is not None:
+        on_progress(Progress("load", message=f"engine started for layout {layout.name}"))
+    generation = engine.generate(request, on_progress=on_progress, cancel=cancel)
+    if on_progress is not None:
+        on_progress(Progress("mux", message="writing the run folder"))
+    return write_run(outputs_root, request, layout, generation, started, extra)
