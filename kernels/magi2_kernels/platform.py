@@ -1,0 +1,121 @@
+"""Platform object: which kernel path and launch configuration each platform gets.
+
+The choice is made once from the process's platform (torchada / ``torch.version.musa``,
+CUDA availability, ``TRITON_INTERPRET``), never from a tensor's device type: under
+torchada a MUSA tensor reports ``is_cuda == True`` on purpose (blog section 3.2).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Triton launch configuration of one grouped-GEMM kernel."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "block_m": self.block_m,
+            "block_n": self.block_n,
+            "block_k": self.block_k,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+        }
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What runs where.
+
+    ``name`` is ``cuda``, ``musa`` or ``cpu``. ``triton`` says whether the Triton kernels
+    run (a GPU, or the CPU under ``TRITON_INTERPRET=1``); when it is false the PyTorch
+    references run instead. ``atomic_moe`` is false on MUSA, which always takes the
+    non-atomic MoE path (blog section 3.1). ``dot_precision`` is the precision of fp32
+    ``tl.dot`` (routing logits, mHC projection): ``tf32x3`` on NVIDIA tensor cores keeps
+    fp32-level error, the interpreter computes in numpy fp32 (``ieee``).
+    """
+
+    name: str
+    triton: bool
+    interpreter: bool
+    atomic_moe: bool
+    w13: GemmConfig
+    w2: GemmConfig
+    dot_precision: str
+    capability: tuple[int, int] | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "triton": self.triton,
+            "interpreter": self.interpreter,
+            "atomic_moe": self.atomic_moe,
+            "w13": self.w13.as_dict(),
+            "w2": self.w2.as_dict(),
+            "dot_precision": self.dot_precision,
+            "capability": self.capability,
+        }
+
+
+# Hopper (H100/H200): chosen by the config sweep in scripts/bench_kernels.py on the lent
+# H200 (numbers in docs/performance.md, section "Kernels (issue 3)").
+HOPPER_W13 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+# Other CUDA GPUs: the smaller tiles vLLM-Omni 0.30.0 uses on pre-Blackwell parts.
+GENERIC_CUDA_W13 = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3)
+GENERIC_CUDA_W2 = GemmConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3)
+# MUSA: the seed's settings (BLOCK_SIZE_K=64, num_warps=16, num_stages=1; 128x128 tiles).
+MUSA_W13 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=16, num_stages=1)
+MUSA_W2 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=16, num_stages=1)
+# Interpreter: small tiles so CPU tests exercise several tiles and partial blocks.
+INTERPRETER_W13 = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
+INTERPRETER_W2 = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
+
+
+def _musa_present() -> bool:
+    if importlib.util.find_spec("torchada") is not None:
+        import torchada  # noqa: F401  (maps CUDA-style calls onto MUSA when present)
+    return getattr(torch.version, "musa", None) is not None
+
+
+def detect_platform() -> Platform:
+    """Detect the platform of this process (uncached; see :func:`current_platform`)."""
+
+    interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    triton_installed = importlib.util.find_spec("triton") is not None
+    if _musa_present():
+        return Platform("musa", triton_installed, False, False, MUSA_W13, MUSA_W2, "ieee")
+    if torch.cuda.is_available() and not interpreter:
+        major, minor = torch.cuda.get_device_capability()
+        hopper = major == 9
+        return Platform(
+            "cuda",
+            triton_installed,
+            False,
+            True,
+            HOPPER_W13 if hopper else GENERIC_CUDA_W13,
+            HOPPER_W2 if hopper else GENERIC_CUDA_W2,
+            "tf32x3",
+            capability=(major, minor),
+        )
+    return Platform("cpu", interpreter and triton_installed, interpreter, True, INTERPRETER_W13, INTERPRETER_W2, "ieee")
+
+
+@functools.cache
+def current_platform() -> Platform:
+    """The process's platform, detected once."""
+
+    return detect_platform()

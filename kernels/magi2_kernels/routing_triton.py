@@ -1,0 +1,111 @@
+"""Triton kernels behind :func:`magi2_kernels.routing.route` (imported only where Triton runs)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _topk_kernel(
+    x_ptr, gate_ptr, bias_ptr, ids_ptr, probs_ptr,
+    tokens, stride_xt, stride_xh, stride_xd,
+    route_scale, norm_eps,
+    HAS_BIAS: tl.constexpr, ROUTE_NORM: tl.constexpr,
+    D: tl.constexpr, E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    head = tl.program_id(1)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < tokens
+    e = tl.arange(0, E)
+    d = tl.arange(0, BLOCK_D)
+    x_rows = x_ptr + t.to(tl.int64) * stride_xt + head * stride_xh
+    gate_rows = gate_ptr + (head * E + e).to(tl.int64) * D
+    logits = tl.zeros((BLOCK_T, E), dtype=tl.float32)
+    for d0 in tl.range(0, D, BLOCK_D):
+        xd = tl.load(x_rows[:, None] + (d0 + d)[None, :] * stride_xd, mask=t_ok[:, None], other=0.0).to(tl.float32)
+        w = tl.load(gate_rows[None, :] + (d0 + d)[:, None])
+        logits = tl.dot(xd, w, logits, input_precision=DOT_PRECISION)
+    scores = tl.sigmoid(logits)
+    selection = scores
+    if HAS_BIAS:
+        selection = selection + tl.load(bias_ptr + head * E + e)[None, :]
+    kk = tl.arange(0, K_PAD)
+    top_ids = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
+    top_probs = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(selection, axis=1)
+        pick = tl.min(tl.where(selection == best[:, None], e[None, :], E), axis=1)
+        hit = e[None, :] == pick[:, None]
+        prob = tl.sum(tl.where(hit, scores, 0.0), axis=1)
+        selection = tl.where(hit, float("-inf"), selection)
+        top_ids = tl.where(kk[None, :] == k, pick[:, None], top_ids)
+        top_probs = tl.where(kk[None, :] == k, prob[:, None], top_probs)
+    if ROUTE_NORM:
+        top_probs = top_probs / tl.maximum(tl.sum(tl.abs(top_probs), axis=1), norm_eps)[:, None]
+    top_probs = top_probs * route_scale
+    out = (head * tokens + t).to(tl.int64)[:, None] * TOP_K + kk[None, :]
+    ok = t_ok[:, None] & (kk[None, :] < TOP_K)
+    tl.store(ids_ptr + out, top_ids, mask=ok)
+    tl.store(probs_ptr + out, top_probs, mask=ok)
+
+
+@triton.jit
+def _finalize_kernel(order_ptr, probs_ptr, gather_ptr, sorted_probs_ptr, slots_ptr, routes, tokens,
+                     TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < routes
+    source = tl.load(order_ptr + i, mask=ok, other=0)
+    tl.store(gather_ptr + i, ((source // TOP_K) % tokens).to(tl.int32), mask=ok)
+    tl.store(sorted_probs_ptr + i, tl.load(probs_ptr + source, mask=ok, other=0.0), mask=ok)
+    tl.store(slots_ptr + source, i.to(tl.int32), mask=ok)
+
+
+def topk(
+    x_heads: torch.Tensor,
+    gate: torch.Tensor,
+    expert_bias: torch.Tensor | None,
+    top_k: int,
+    *,
+    route_norm: bool,
+    route_scale: float,
+    norm_eps: float,
+    dot_precision: str,
+    block_t: int = 32,
+    num_warps: int = 8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens, heads, d = x_heads.shape
+    num_experts = gate.shape[1]
+    if gate.shape != (heads, num_experts, d) or gate.dtype != torch.float32:
+        raise ValueError(f"gate must be fp32 [heads, experts, d_head], got {tuple(gate.shape)} {gate.dtype}")
+    if num_experts & (num_experts - 1) or d % 16:
+        raise ValueError(f"routing kernel needs a power-of-two expert count and d_head % 16 == 0 (E={num_experts}, D={d})")
+    gate = gate.contiguous()
+    ids = torch.empty(heads, tokens, top_k, device=gate.device, dtype=torch.int32)
+    probs = torch.empty(heads, tokens, top_k, device=gate.device, dtype=torch.float32)
+    bias = expert_bias.reshape(heads, num_experts).float().contiguous() if expert_bias is not None else gate
+    _topk_kernel[(triton.cdiv(tokens, block_t), heads)](
+        x_heads, gate, bias, ids, probs,
+        tokens, x_heads.stride(0), x_heads.stride(1), x_heads.stride(2),
+        float(route_scale), float(norm_eps),
+        HAS_BIAS=expert_bias is not None, ROUTE_NORM=route_norm,
+        D=d, E=num_experts, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+        BLOCK_T=block_t, BLOCK_D=min(32, d), DOT_PRECISION=dot_precision,
+        num_warps=num_warps,
+    )
+    return ids, probs
+
+
+def finalize(order: torch.Tensor, topk_probs: torch.Tensor, tokens: int, top_k: int,
+             block: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    routes = order.numel()
+    gather_ids = torch.empty(routes, device=order.device, dtype=torch.int32)
+    probs = torch.empty(routes, device=order.device, dtype=torch.float32)
+    slots = torch.empty(routes, device=order.device, dtype=torch.int32)
+    if routes:
+        _finalize_kernel[(triton.cdiv(routes, block),)](
+            order, topk_probs, gather_ids, probs, slots, routes, tokens, TOP_K=top_k, BLOCK=block, num_warps=4
+        )
+    return gather_ids, probs, slots
