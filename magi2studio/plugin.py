@@ -1,0 +1,116 @@
+"""vLLM worker plugin: per-step timing on every rank and the project's kernels, by env.
+
+Declared in the ``vllm.general_plugins`` entry-point group; vLLM-Omni calls
+``load_omni_general_plugins()`` in every diffusion worker, so :func:`register` runs once per
+worker process before the pipeline is built. It replaces the seed's ``instrument-steps.py``
+(which edited installed sources): nothing on disk is changed.
+
+Env switches (read in the worker, so set them before the engine starts):
+
+- ``MAGI2STUDIO_METRICS_DIR``: folder for this engine's records. Each rank appends its step
+  records to ``steps-rank<N>.jsonl``; rank 0 also appends ``progress.jsonl`` (one line per
+  finished step). Unset: hooks stay installed but nothing is timed.
+- ``MAGI2STUDIO_CANCEL_FILE``: when this file exists at a step end, the step raises
+  :class:`~magi2studio.errors.Cancelled` (a step-boundary stop; host-side ``os.path.exists``).
+- ``MAGI2STUDIO_STAGE``: the stage name in the records (default ``preview``).
+- ``MAGI2_KERNELS``: ``off`` (default), ``on``, or per kernel; handed to
+  ``magi2_kernels.overrides``. What was installed is written to ``kernels.json``.
+
+Idempotent: a second call returns the first call's state. Loud: a hooked or patched name
+missing from the installed vLLM-Omni raises at start-up instead of timing nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import Cancelled
+from .timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
+
+ENV_METRICS_DIR = "MAGI2STUDIO_METRICS_DIR"
+ENV_CANCEL_FILE = "MAGI2STUDIO_CANCEL_FILE"
+ENV_STAGE = "MAGI2STUDIO_STAGE"
+ENV_KERNELS = "MAGI2_KERNELS"
+PROGRESS_FILE = "progress.jsonl"
+
+_state: dict[str, Any] | None = None
+
+
+def current_rank() -> int:
+    """This worker's global rank: torch.distributed once initialized, else the launcher's env."""
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
+def steps_file(metrics_dir: str | Path, rank: int) -> Path:
+    return Path(metrics_dir) / f"steps-rank{rank}.jsonl"
+
+
+def kernels_file(metrics_dir: str | Path) -> Path:
+    """Same env and platform on every rank, so one file (the last rank to start writes it)."""
+
+    return Path(metrics_dir) / "kernels.json"
+
+
+class WorkerStepTimer(StepTimer):
+    """The spine's StepTimer, with the rank read per sample (workers learn it after plugins load)."""
+
+    def __init__(self, metrics_dir: Path, stage: str, cancel_file: str | None) -> None:
+        super().__init__(stage=stage, on_step=self._step_finished, on_sample=self._sample_finished)
+        self.metrics_dir = metrics_dir
+        self.cancel_file = cancel_file
+
+    def begin_sample(self, latent: Any, total_steps: int) -> None:
+        self.rank = current_rank()
+        super().begin_sample(latent, total_steps)
+
+    def _step_finished(self, stage: str, index: int, total: int) -> None:
+        if self.rank == 0:
+            with open(self.metrics_dir / PROGRESS_FILE, "a", encoding="utf-8") as file:
+                file.write(json.dumps({"stage": stage, "step": index, "total": total}) + "\n")
+        if self.cancel_file and os.path.exists(self.cancel_file):
+            raise Cancelled(f"cancelled after {stage} step {index + 1} of {total}")
+
+    def _sample_finished(self, records: list[StepRecord]) -> None:
+        write_jsonl(records, steps_file(self.metrics_dir, self.rank))
+
+
+def install_kernel_overrides(environ: dict[str, str] | os._Environ = os.environ) -> dict[str, Any]:
+    """Install the project's kernels as ``MAGI2_KERNELS`` asks, gated on the platform object."""
+
+    selection = environ.get(ENV_KERNELS, "off").strip().lower()
+    if selection in ("", "off", "0", "false", "none"):
+        return {"selection": "off", "installed": {}}
+    from magi2_kernels.overrides import install_overrides, selection_from_env
+    from vllm_omni.platforms import current_omni_platform
+
+    installed = install_overrides(selection_from_env(), platform=current_omni_platform)
+    return {"selection": selection, "installed": installed}
+
+
+def register() -> dict[str, Any]:
+    """The entry point: install the step hooks and kernel overrides once per process."""
+
+    global _state
+    if _state is not None:
+        return _state
+    sampler_cls = install_step_hooks()
+    kernels = install_kernel_overrides()
+    metrics_dir = os.environ.get(ENV_METRICS_DIR)
+    timer = None
+    if metrics_dir:
+        folder = Path(metrics_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        timer = WorkerStepTimer(folder, os.environ.get(ENV_STAGE, "preview"), os.environ.get(ENV_CANCEL_FILE))
+        set_process_timer(timer)
+        kernels_file(folder).write_text(json.dumps(kernels, sort_keys=True, default=str), encoding="utf-8")
+    _state = {"sampler": f"{sampler_cls.__module__}.{sampler_cls.__qualname__}", "kernels": kernels,
+              "metrics_dir": metrics_dir, "timer": timer}
+    return _state
