@@ -1,0 +1,104 @@
+"""``magi2studio generate``: one request, headless, into a run folder."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+from ..request import Request, build_request, read_prompt_file
+
+DEFAULT_OUT = Path("outputs")
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", help="the prompt text")
+    parser.add_argument("--prompt-file", help="a UTF-8 text or JSON prompt file (stripped, passed through)")
+    parser.add_argument("--image", help="first-frame image: makes the request I2VA")
+    parser.add_argument("--negative-prompt", help="default: the engine's (upstream's DEFAULT_NEGATIVE_PROMPT)")
+    parser.add_argument("--tier", default=None, help="272p, 540p or 1080p (default 272p)")
+    parser.add_argument("--seed", default=None, help="whole number (default 42)")
+    parser.add_argument("--steps", default=None, help="denoising steps (default: the engine's)")
+    parser.add_argument("--refiner-steps", default=None, help="1080p refiner steps (default 5)")
+    parser.add_argument("--compile", choices=("static", "dynamic", "eager"), default=None)
+    parser.add_argument("--request", help="a request YAML file; flags given here override its fields")
+
+
+def _whole(name: str, value: str | None):
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(name, f"{value!r} is not a whole number", "give an integer") from None
+
+
+def request_from_args(args: argparse.Namespace) -> Request:
+    fields: dict = {}
+    if args.request:
+        path = Path(args.request)
+        if not path.is_file():
+            raise InputError("request", f"{path} does not exist", "give the path of a request YAML file")
+        fields = Request.from_yaml(path.read_text(encoding="utf-8"), source="request").model_dump()
+    if args.prompt is not None and args.prompt_file:
+        raise InputError("prompt", "both --prompt and --prompt-file were given", "give one of them")
+    if args.prompt is not None:
+        fields.update(prompt=args.prompt, prompt_file=None)
+    elif args.prompt_file:
+        fields.update(prompt=read_prompt_file(args.prompt_file), prompt_file=args.prompt_file)
+    if "prompt" not in fields:
+        raise InputError("prompt", "no prompt was given", "give --prompt TEXT, --prompt-file PATH or --request FILE")
+    if args.image:
+        fields.update(image=args.image, mode="i2va")
+    for key, value in (("negative_prompt", args.negative_prompt), ("tier", args.tier), ("compile", args.compile)):
+        if value is not None:
+            fields[key] = value
+    for key in ("seed", "steps", "refiner_steps"):
+        value = _whole(key, getattr(args, key))
+        if value is not None:
+            fields[key] = value
+    return build_request(**fields)
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("generate", help="generate one clip into a run folder")
+    add_request_arguments(parser)
+    parser.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
+    parser.add_argument("--engine", default="embedded", help="embedded or vllm-omni")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="outputs root (default ./outputs)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import runs
+    from ..engines import get_engine
+    from ..layouts import parse_layout
+    from ..progress import ConsoleProgress
+    from ..tiers import get_tier
+
+    request = request_from_args(args)
+    layout = parse_layout(args.layout)
+    out = runs.check_outputs_root(Path(args.out))
+    engine = get_engine(args.engine)
+    engine.check_layout(layout, get_tier(request.tier))
+    with ConsoleProgress() as progress:
+        folder = runs.execute(engine, request, layout, out, on_progress=progress)
+    print_summary(folder)
+    return 0
+
+
+def print_summary(folder) -> None:
+    manifest = folder.manifest
+    preview = manifest["timing"]["stages"].get("preview", {})
+    gate = preview.get("gate_ms")
+    print(f"run folder: {folder.path}")
+    print(f"engine: {manifest['engine']['name']}  layout: {manifest['layout']['name']}  "
+          f"steps: {manifest['resolved']['steps']}")
+    print(f"frames sha256: {manifest['hashes']['frames_sha256']}")
+    print(f"pcm sha256:    {manifest['hashes']['pcm_sha256']}")
+    if gate is not None:
+        print(f"gate: {gate:.1f} ms/step (median {preview['median_ms']:.1f}, min {preview['min_ms']:.1f}, "
+              f"max {preview['max_ms']:.1f}; steps 0-1 excluded)")
+    stages = ", ".join(f"{k} {v:.0f} ms" for k, v in manifest["timing"]["stage_ms"].items())
+    print(f"stages: {stages}", file=sys.stdout)

@@ -1,0 +1,54 @@
+"""``magi2studio replay RUN_DIR``: re-run a manifest's request and compare the output hashes."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from ..errors import InputError
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("replay", help="re-run a run folder's request; non-zero if the hashes differ")
+    parser.add_argument("run_dir")
+    parser.add_argument("--out", default=None, help="keep the new run folder here (default: a temp folder)")
+    parser.set_defaults(func=run)
+
+
+def replay(run_dir: Path, out: Path | None = None):
+    """Returns (original manifest, new RunFolder, {hash name: matched})."""
+
+    from .. import runs
+    from ..engines import get_engine
+    from ..layouts import parse_layout
+    from ..progress import ConsoleProgress
+    from ..request import build_request
+
+    original = runs.load_run(run_dir).manifest
+    request_fields = dict(original["request"])
+    if request_fields.get("steps") is None:
+        request_fields["steps"] = original["resolved"]["steps"]
+    if request_fields.get("compile") is None:
+        request_fields["compile"] = original["resolved"]["compile"]
+    request = build_request(**request_fields)
+    layout = parse_layout(original["layout"]["name"])
+    engine = get_engine(original["engine"]["name"])
+    with ConsoleProgress() as progress:
+        folder = runs.execute(engine, request, layout, out, on_progress=progress)
+    verdict = {key: folder.manifest["hashes"][key] == original["hashes"][key]
+               for key in ("frames_sha256", "pcm_sha256")}
+    return original, folder, verdict
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise InputError("run_dir", f"{run_dir} is not a folder", "give a run folder under outputs/")
+    with tempfile.TemporaryDirectory(prefix="magi2-replay-") as scratch:
+        _, folder, verdict = replay(run_dir, Path(args.out) if args.out else Path(scratch))
+        for key, same in verdict.items():
+            print(f"{key}: {'match' if same else 'DIFFERS'}")
+        if args.out:
+            print(f"new run folder: {folder.path}")
+    return 0 if all(verdict.values()) else 1

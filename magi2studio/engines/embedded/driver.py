@@ -1,0 +1,159 @@
+"""The embedded generation driver: what ``Magi2Pipeline._evaluate_preview`` does, by size.
+
+Upstream's pipeline hard-codes the full-size config and CUDA, so this driver repeats its
+order of operations with upstream's own pieces: encode the positive and negative prompts,
+encode the reference image with the figure token for I2VA, draw noise video-then-audio from
+the seed, run ``Magi2PreviewSampler.sample``, decode video (TurboVAE) and audio (Oobleck),
+resample the audio to 44.1 kHz stereo over the clip, and resize to the tier's frame size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...request import Request
+from ...tiers import AUDIO_SAMPLE_RATE, Tier
+from .components import Components
+
+AUDIO_CHANNELS = 64
+VIDEO_CHANNELS = 48
+
+
+@dataclass
+class DriverOutput:
+    frames: np.ndarray
+    audio: np.ndarray
+    stage_ms: dict[str, float]
+    negative_prompt_source: str
+
+
+class _Stages:
+    def __init__(self, on_stage: Callable[[str], None] | None) -> None:
+        self.ms: dict[str, float] = {}
+        self._on_stage = on_stage
+
+    def run(self, name: str, fn, *args, **kwargs):
+        if self._on_stage is not None:
+            self._on_stage(name)
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - start) * 1e3
+        return result
+
+
+class EmbeddedDriver:
+    def __init__(self, components: Components) -> None:
+        from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
+        from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
+
+        self.c = components
+        self.sampler = Magi2PreviewSampler(components.transformer, Magi2DataProxy(), device="cpu")
+
+    # -- conditioning ----------------------------------------------------------------------
+    def encode_prompts(self, prompt: str, negative: str) -> tuple[torch.Tensor, torch.Tensor]:
+        encoder = self.c.text_encoder
+        return encoder.encode(prompt).float(), encoder.encode(negative).float()
+
+    def encode_reference_image(self, path: str, tier: Tier) -> tuple[torch.Tensor, torch.Tensor]:
+        """Upstream's I2VA geometry: fit the longer side to the tier's, pad white, encode."""
+
+        from PIL import Image
+        from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _resizepad
+
+        stride = self.c.config.spatial_stride
+        with Image.open(path) as image:
+            image = image.convert("RGB")
+            longest = max(tier.height, tier.width)
+            if image.width > image.height:
+                width, height = longest, int(image.height * longest / image.width)
+            else:
+                height, width = longest, int(image.width * longest / image.height)
+            height, width = max(stride, height // stride * stride), max(stride, width // stride * stride)
+            padded = _resizepad(image, height, width)
+        pixels = torch.from_numpy(np.asarray(padded, dtype=np.float32) / 127.5 - 1.0)
+        pixels = pixels.permute(2, 0, 1).unsqueeze(0).unsqueeze(2)  # [1, 3, 1, H, W]
+        latent = self.c.image_encoder.encode_video(pixels, use_sample=False)
+        lengths = torch.tensor([[[latent.shape[-2], latent.shape[-1]]]], dtype=torch.long)
+        return latent.unsqueeze(1), lengths
+
+    # -- decoding ---------------------------------------------------------------------------
+    def decode_video(self, latent: torch.Tensor, tier: Tier) -> np.ndarray:
+        from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _resize_video
+
+        decoded = self.c.video_decoder.decode(latent.float())
+        video = decoded[0].float().mul_(0.5).add_(0.5).clamp_(0, 1)
+        frames = video.permute(1, 2, 3, 0).mul_(255).byte().numpy()
+        # The tiny decoder yields fewer frames than the tier; sample them evenly over the clip.
+        index = np.floor(np.arange(tier.frames) * len(frames) / tier.frames).astype(np.int64)
+        return np.ascontiguousarray(_resize_video(frames[index], tier.width, tier.height))
+
+    def decode_audio(self, audio_latent: torch.Tensor, seconds: float) -> np.ndarray:
+        from scipy.signal import resample
+
+        waveform = self.c.audio_decoder.decode(audio_latent.transpose(1, 2).float())
+        audio = waveform.squeeze(0).transpose(0, 1).float().numpy()
+        # Fourier resampling as upstream does, to exactly the clip's length at 44.1 kHz.
+        return resample(audio, int(round(seconds * AUDIO_SAMPLE_RATE)), axis=0).astype(np.float32)
+
+    # -- the run ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, request: Request, tier: Tier, steps: int,
+            on_stage: Callable[[str], None] | None = None) -> DriverOutput:
+        from vllm_omni.diffusion.models.magi2.pipeline_magi2 import (
+            DEFAULT_NEGATIVE_PROMPT,
+            Magi2Pipeline,
+            _seed_request,
+        )
+        from vllm_omni.diffusion.models.magi2.sampler_magi2 import (
+            CFGConfig,
+            SamplerInput,
+            build_magi2_preview_schedulers,
+        )
+
+        stages = _Stages(on_stage)
+        _seed_request(request.seed)
+        prompt = request.prompt
+        ref_feat = ref_len = special = None
+        if request.image:
+            ref_feat, ref_len = stages.run("encode", self.encode_reference_image, request.image, tier)
+            prompt = Magi2Pipeline._ensure_figure_token(prompt)
+        negative = request.negative_prompt or DEFAULT_NEGATIVE_PROMPT
+        context, context_null = stages.run("encode", self.encode_prompts, prompt, negative)
+        if ref_feat is not None:
+            special = self.c.text_encoder.pool_figure_tokens(prompt, ["<Figure 1>"], context).unsqueeze(0)
+
+        config = self.c.config
+        stride = config.spatial_stride
+        audio_length = int(round(tier.seconds * config.audio_latent_fps))
+        # Draw order is parity-critical upstream: video noise precedes audio noise.
+        latent = torch.randn(1, VIDEO_CHANNELS, config.latent_frames, tier.height // stride, tier.width // stride,
+                             dtype=torch.float32)
+        audio_latent = torch.randn(1, audio_length, AUDIO_CHANNELS, dtype=torch.float32)
+        video_scheduler, audio_scheduler = build_magi2_preview_schedulers(steps, device="cpu", shift=7.0)
+        sampler_input = SamplerInput(
+            video_t_list=video_scheduler.timesteps,
+            audio_t_list=audio_scheduler.timesteps,
+            latent=latent,
+            audio_latent=audio_latent,
+            txt_feat=context,
+            null_txt_feat=context_null,
+            ref_audio_feat=torch.zeros(1, 0, AUDIO_CHANNELS),
+            ref_video_feat=None,
+            video_scheduler=video_scheduler,
+            audio_scheduler=audio_scheduler,
+            cfg_config=CFGConfig(video_txt_guidance_scale=request.video_cfg,
+                                 audio_txt_guidance_scale=request.audio_cfg),
+            ref_image_feat=ref_feat,
+            ref_image_feat_len=ref_len,
+            ref_image_special_token_embedding=special,
+        )
+        latent, audio_latent = stages.run("preview", self.sampler.sample, sampler_input)
+        frames = stages.run("decode_video", self.decode_video, latent, tier)
+        audio = stages.run("decode_audio", self.decode_audio, audio_latent, tier.seconds)
+        return DriverOutput(frames, audio, stages.ms,
+                            "request" if request.negative_prompt else "upstream DEFAULT_NEGATIVE_PROMPT")

@@ -1,0 +1,96 @@
+"""The embedded engine's tiny configuration: MAGI-2 Preview's structure at CPU size.
+
+Everything structural is kept (multimodal end layers, MoE heads with top-k among their own
+experts, mHC with 20 Sinkhorn iterations, sink attention with a sigmoid gate, the 64-channel
+time embedding, Qwen3.5's hybrid linear/full attention in the text encoder, TurboVAE's up
+blocks, Stable Audio's five Oobleck blocks). Only widths, depths and the latent strides
+shrink. The config is written into the tiny checkpoint as ``magi2studio-tiny.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+TINY_CONFIG_FILE = "magi2studio-tiny.json"
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    seed: int = 0
+    # Preview DiT (upstream Magi2PreviewConfig fields).
+    num_layers: int = 4
+    hidden_size: int = 256
+    head_dim: int = 32
+    num_query_groups: int = 4
+    multimodal_layers: tuple[int, ...] = (0, 3)
+    moe_layers: tuple[int, ...] = (1, 2)
+    moe_heads: int = 4
+    moe_experts: int = 8
+    moe_top_k: int = 2
+    moe_intermediate: int = 64
+    # Text encoder (upstream Magi2Qwen35TextEncoder over a tiny Qwen3.5 text model).
+    text_hidden: int = 128
+    text_layers: int = 4
+    text_vocab: int = 2048
+    text_max_length: int = 256
+    # Latent geometry: the real VAE strides are (8, 16, 16) in a 25 fps internal timeline;
+    # the tiny engine keeps the 25 fps timeline with coarser strides.
+    latent_frames: int = 4
+    spatial_stride: int = 64
+    audio_latent_fps: float = 5.0
+    # TurboVAE decoder (upstream Magi2TurboVAEDecoder) and Oobleck audio decoder.
+    turbo_channels: tuple[int, ...] = (16, 16)
+    audio_decoder_channels: int = 8
+    audio_strides: tuple[int, ...] = (2, 2, 2, 2, 2)
+    # Default denoising steps: the tier's own 100 (about 15 s at 272p on 2 cores).
+    default_steps: int = 100
+    default_refiner_steps: int = 5
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.hidden_size // self.head_dim
+
+    def preview_config(self):
+        """Upstream's own config class at this size."""
+
+        import torch
+        from vllm_omni.diffusion.models.magi2.configuration_magi2 import (
+            Magi2MoEConfig,
+            Magi2PreviewConfig,
+        )
+
+        return Magi2PreviewConfig(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            head_dim=self.head_dim,
+            num_query_groups=self.num_query_groups,
+            text_in_channels=self.text_hidden,
+            multimodal_layers=self.multimodal_layers,
+            params_dtype=torch.float32,
+            moe=Magi2MoEConfig(
+                num_heads=self.moe_heads,
+                num_experts=self.moe_experts,
+                top_k=self.moe_top_k,
+                expert_intermediate_size=self.moe_intermediate,
+                shared_expert_intermediate_size=self.moe_intermediate,
+                modality_shared_expert_intermediate_size=self.moe_intermediate,
+                layers=self.moe_layers,
+            ),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_json(cls, text: str) -> TinyConfig:
+        data = json.loads(text)
+        for key in ("multimodal_layers", "moe_layers", "turbo_channels", "audio_strides"):
+            data[key] = tuple(data[key])
+        return cls(**data)
