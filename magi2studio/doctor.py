@@ -1,0 +1,203 @@
+"""``magi2studio doctor``: what this machine or container can run, and why not.
+
+Every probe is defensive: a missing accelerator, package or engine is a line of the
+report, never a crash, so doctor is the first thing to run on a new host.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from . import determinism, provenance
+from .errors import InputError
+from .layouts import PRESETS
+from .tiers import TIERS, get_tier
+
+ENGINES = ("embedded", "vllm-omni")
+
+
+def detect_platform() -> dict[str, Any]:
+    """MUSA (torchada / torch_musa), CUDA or CPU, with each device's name and memory."""
+
+    # In the musa image a .pth line imports torchada at interpreter start (image/install.sh).
+    info: dict[str, Any] = {"torchada": None, "torchada_first": "torchada" in sys.modules, "torch_musa": None}
+    if importlib.util.find_spec("torchada") is not None:
+        try:
+            importlib.import_module("torchada")
+            info["torchada"] = "imported"
+        except Exception as err:  # noqa: BLE001 - a broken torchada is a finding, not a crash
+            info["torchada"] = f"import failed: {err.__class__.__name__}: {err}"
+    try:
+        import torch
+    except Exception as err:  # noqa: BLE001
+        return {**info, "platform": "unknown", "devices": [], "problem": f"torch does not import: {err}"}
+    if importlib.util.find_spec("torch_musa") is not None:
+        try:
+            importlib.import_module("torch_musa")
+            info["torch_musa"] = "imported"
+        except Exception as err:  # noqa: BLE001
+            info["torch_musa"] = f"import failed: {err.__class__.__name__}: {err}"
+    musa = getattr(torch, "musa", None)
+    if getattr(torch.version, "musa", None) and musa is not None and musa.is_available():
+        devices = [_device(musa, i) for i in range(musa.device_count())]
+        return {**info, "platform": "musa", "musa_version": str(torch.version.musa), "devices": devices}
+    if torch.cuda.is_available():
+        devices = [_device(torch.cuda, i) for i in range(torch.cuda.device_count())]
+        return {**info, "platform": "cuda", "cuda_version": torch.version.cuda, "devices": devices}
+    return {**info, "platform": "cpu", "devices": [{"name": "cpu", "cores": os.cpu_count(),
+                                                     "memory_gib": _host_memory_gib()}]}
+
+
+def _device(backend: Any, index: int) -> dict[str, Any]:
+    props = backend.get_device_properties(index)
+    return {"index": index, "name": props.name, "memory_gib": round(props.total_memory / 2**30, 1)}
+
+
+def _host_memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            kib = int(next(line for line in handle if line.startswith("MemTotal")).split()[1])
+        return round(kib / 2**20, 1)
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def mux_tools() -> dict[str, Any]:
+    """The ffmpeg CLI (optional) and PyAV with an H.264 + AAC encoder (what runs use to mux)."""
+
+    tools: dict[str, Any] = {"ffmpeg": None, "pyav": None, "h264": False, "aac": False}
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg:
+        out = subprocess.run([ffmpeg, "-version"], capture_output=True, text=True, timeout=20).stdout
+        tools["ffmpeg"] = out.splitlines()[0] if out else ffmpeg
+    try:
+        import av
+
+        tools["pyav"] = av.__version__
+        for codec, key in (("libx264", "h264"), ("h264", "h264"), ("aac", "aac")):
+            try:
+                av.codec.Codec(codec, "w")
+                tools[key] = True
+            except Exception:  # noqa: BLE001 - an absent encoder raises; that is the answer
+                pass
+    except ImportError as err:
+        tools["pyav"] = f"not importable: {err}"
+    return tools
+
+
+def engine_capabilities(platform: str) -> dict[str, Any]:
+    """Each engine's tiers and preset layouts here, with the reason where one cannot run."""
+
+    report: dict[str, Any] = {}
+    for name in ENGINES:
+        try:
+            from .engines import get_engine
+
+            engine = get_engine(name)
+            caps = engine.capabilities()
+        except Exception as err:  # noqa: BLE001 - an engine that cannot start here is reported
+            report[name] = {"available": False, "reason": f"{err.__class__.__name__}: {err}"}
+            continue
+        layouts: dict[str, str | None] = {}
+        for preset, (layout, _) in PRESETS.items():
+            try:
+                engine.check_layout(layout, get_tier("272p"))
+                layouts[preset] = None
+            except InputError as err:
+                layouts[preset] = str(err)
+            except Exception as err:  # noqa: BLE001
+                layouts[preset] = f"{err.__class__.__name__}: {err}"
+        report[name] = {"available": True, "platform": caps.platform, "devices": caps.devices,
+                        "tiers": caps.tiers, "layouts_272p": layouts, "notes": caps.notes}
+    return report
+
+
+def weights_section(root: str | None, tier: str) -> dict[str, Any] | None:
+    if not (root or os.environ.get("MAGI2_CKPT_ROOT")):
+        return None
+    from .weights import check_weights
+
+    try:
+        return check_weights(root, tier).as_dict()
+    except InputError as err:
+        return {"ok": False, "problems": [{"path": ".", "problem": str(err)}]}
+    except Exception as err:  # noqa: BLE001 - e.g. vLLM-Omni itself does not import
+        return {"ok": False, "problems": [{"path": ".", "problem": f"{err.__class__.__name__}: {err}"}]}
+
+
+def collect(root: str | None = None, tier: str = "272p") -> dict[str, Any]:
+    get_tier(tier)
+    platform = detect_platform()
+    return {
+        "platform": platform,
+        "versions": provenance.package_versions(),
+        "build_info": _build_info_summary(),
+        "deterministic_env": determinism.recorded(),
+        "deterministic_env_expected": determinism.DETERMINISTIC_ENV,
+        "mux": mux_tools(),
+        "weights": weights_section(root, tier),
+        "engines": engine_capabilities(platform["platform"]),
+    }
+
+
+def _build_info_summary() -> dict[str, Any] | None:
+    info = provenance.build_info()
+    if info is None:
+        return None
+    return {**{k: v for k, v in info.items() if k != "pip_freeze"}, "pip_freeze_lines": len(info.get("pip_freeze", []))}
+
+
+def render(report: dict[str, Any]) -> list[str]:
+    """The human-readable report, one finding a line."""
+
+    plat = report["platform"]
+    lines = [f"platform: {plat['platform']}" + (f" ({plat['problem']})" if plat.get("problem") else "")]
+    if plat.get("torchada") or plat.get("torch_musa"):
+        lines.append(f"  torchada: {plat['torchada']} (imported at interpreter start: {plat['torchada_first']}); "
+                     f"torch_musa: {plat['torch_musa']}")
+    for device in plat.get("devices", []):
+        lines.append(f"  device: {device}")
+    lines.append("versions: " + ", ".join(f"{k} {v or '-'}" for k, v in report["versions"].items()))
+    build = report["build_info"]
+    if build is None:
+        lines.append(f"build-info: none at {provenance.BUILD_INFO_PATH} (not running in the magi2studio image)")
+    else:
+        lines.append("build-info: " + ", ".join(f"{k}={v}" for k, v in build.items() if v is not None))
+    expected = report["deterministic_env_expected"]
+    for key, value in report["deterministic_env"].items():
+        if key in expected:
+            state = "ok" if value == expected[key] else f"NOT SET (want {expected[key]}; run `magi2studio env`)"
+            lines.append(f"deterministic env: {key}={value} {state}")
+        else:
+            lines.append(f"deterministic env: {key}={value} (engines set a fresh cache per run)")
+    mux = report["mux"]
+    can_mux = bool(mux["pyav"]) and mux["h264"] and mux["aac"]
+    lines.append(f"mux: PyAV {mux['pyav']} (H.264 encoder: {mux['h264']}, AAC: {mux['aac']}) -> "
+                 f"{'mp4 with audio can be written' if can_mux else 'cannot write mp4 with audio'}; "
+                 f"ffmpeg CLI: {mux['ffmpeg'] or 'not installed (optional)'}")
+    weights = report["weights"]
+    if weights is None:
+        lines.append("weights: not checked (set MAGI2_CKPT_ROOT or pass --root)")
+    else:
+        lines.append(f"weights: {'ok' if weights['ok'] else 'NOT OK'} at {weights.get('root', '?')}")
+        lines += [f"  {p['path']}: {p['problem']}" for p in weights["problems"]]
+    for name, engine in report["engines"].items():
+        if not engine["available"]:
+            lines.append(f"engine {name}: not available here ({engine['reason']})")
+            continue
+        lines.append(f"engine {name}: on {engine['platform']} {engine['devices']}")
+        for tier in TIERS:
+            reason = engine["tiers"].get(tier, "not offered by this engine")
+            lines.append(f"  tier {tier}: {'can run' if reason is None else 'cannot run: ' + reason}")
+        runnable = [k for k, v in engine["layouts_272p"].items() if v is None]
+        lines.append(f"  layouts (272p) that can run: {', '.join(runnable) or 'none'}")
+        for layout, reason in engine["layouts_272p"].items():
+            if reason is not None:
+                lines.append(f"  layout {layout}: {reason}")
+    return lines
