@@ -25,7 +25,6 @@ def build_info(args: argparse.Namespace) -> dict:
     if args.lock_sha256 and args.lock_sha256 != lock_sha256:
         sys.exit(f"build_info: LOCK_SHA256 {args.lock_sha256} does not match the copied "
                  f"{args.lock} ({lock_sha256}): rebuild with scripts/build-image from a clean tree")
-    base = {"cpu": args.cpu_base, "cuda": args.cuda_base, "musa": args.musa_base}[args.platform]
     freeze = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all"], check=True,
                             capture_output=True, text=True).stdout.splitlines()
     return {
@@ -33,7 +32,7 @@ def build_info(args: argparse.Namespace) -> dict:
         "git_revision": args.revision or None,
         "git_revision_note": None if args.revision else NOT_GIVEN,
         "lock_sha256": lock_sha256,
-        "base_image": base,
+        "base_image": args.base,
         "base_image_digest": args.base_digest or None,
         "base_image_digest_note": None if args.base_digest else NOT_GIVEN,
         "build_date": args.date or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -47,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--platform", required=True, choices=("cpu", "cuda", "musa"))
-    for name in ("cpu-base", "cuda-base", "musa-base"):
-        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--base", required=True, help="the base image tag the build started from")
     for name in ("base-digest", "revision", "lock-sha256", "date"):
         parser.add_argument(f"--{name}", default="")
     args = parser.parse_args(argv)
