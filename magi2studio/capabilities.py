@@ -44,22 +44,28 @@ class UpstreamCapabilities:
         return asdict(self)
 
 
-def _topology_refusal(**kwargs: Any) -> str | None:
-    """Run upstream's ``_validate_native_topology`` on a real config; None when accepted."""
+def topology_refusal(parallel, **config_kwargs: Any) -> str | None:
+    """Upstream's ``_validate_native_topology`` on a real ``OmniDiffusionConfig``; None when accepted."""
 
-    from vllm_omni.diffusion.data import DiffusionParallelConfig, OmniDiffusionConfig
+    from vllm_omni.diffusion.data import OmniDiffusionConfig
     from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _validate_native_topology
 
-    parallel = {k: kwargs.pop(k) for k in list(kwargs) if k in DiffusionParallelConfig.__dataclass_fields__}
-    config = OmniDiffusionConfig.from_kwargs(
-        model="sand-ai/MAGI-2-preview", model_class_name="Magi2Pipeline",
-        parallel_config=DiffusionParallelConfig(**parallel), **kwargs,
-    )
+    config = OmniDiffusionConfig.from_kwargs(model="sand-ai/MAGI-2-preview", model_class_name="Magi2Pipeline",
+                                             parallel_config=parallel, **config_kwargs)
     try:
         _validate_native_topology(config)
     except ValueError as err:
         return str(err)
     return None
+
+
+def _probe(ulysses: int, **config_kwargs: Any) -> str | None:
+    from vllm_omni.diffusion.data import DiffusionParallelConfig
+
+    expert = config_kwargs.pop("enable_expert_parallel", False)
+    parallel = DiffusionParallelConfig(ulysses_degree=ulysses, sequence_parallel_size=ulysses,
+                                       enable_expert_parallel=expert)
+    return topology_refusal(parallel, **config_kwargs)
 
 
 @functools.cache
@@ -69,9 +75,9 @@ def detect() -> UpstreamCapabilities:
     from vllm_omni.diffusion.models.magi2.configuration_magi2 import MAGI2_GENERATION_CONFIG as gen
 
     resolutions = dict(pipeline_magi2._RESOLUTION_PRESETS)
-    ep_refusal = _topology_refusal(ulysses_degree=4, enable_expert_parallel=True)
-    qualified = tuple(n for n in PROBED_WORLD_SIZES if _topology_refusal(ulysses_degree=n) is None)
-    offload = 1 if _topology_refusal(ulysses_degree=1, enable_layerwise_offload=True) is None else None
+    ep_refusal = _probe(4, enable_expert_parallel=True)
+    qualified = tuple(n for n in PROBED_WORLD_SIZES if _probe(n) is None)
+    offload = 1 if _probe(1, enable_layerwise_offload=True) is None else None
     modules = [info.name for info in pkgutil.iter_modules(magi2.__path__)]
     evaluate = inspect.signature(pipeline_magi2.Magi2Pipeline._evaluate_preview).parameters
     return UpstreamCapabilities(
