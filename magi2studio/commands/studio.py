@@ -1,0 +1,67 @@
+"""``magi2studio studio``: serve the web studio (Gradio) on one engine."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from ..errors import InputError
+
+log = logging.getLogger(__name__)
+AUTH_ENV = "MAGI2STUDIO_AUTH"
+
+
+def parse_auth(text: str | None) -> tuple[str, str] | None:
+    """``user:password`` (from --auth or $MAGI2STUDIO_AUTH) -> a login pair, or None."""
+    if not text:
+        return None
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise InputError("auth", "is not user:password", f"write --auth USER:PASSWORD or {AUTH_ENV}=USER:PASSWORD")
+    return user, password
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("studio", help="serve the web studio", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    parser.add_argument("--engine", default="embedded", help="embedded (CPU, tiny) or vllm-omni")
+    parser.add_argument("--out", type=Path, default=Path("outputs"), help="outputs root for run folders")
+    parser.add_argument("--queue-size", type=int, default=32, help="most runs waiting for the engine")
+    parser.add_argument("--preload", metavar="LAYOUT", help="start the engine for this layout at launch")
+    parser.add_argument("--gpu-gib", type=float, default=80.0, help="GPU memory for the layout memory-fit line")
+    parser.add_argument("--auth", default=None,
+                        help=f"require a login, USER:PASSWORD (or set {AUTH_ENV}); default: no login")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    auth = parse_auth(args.auth or os.environ.get(AUTH_ENV))
+    if args.queue_size < 1:
+        raise InputError("queue-size", f"{args.queue_size} is below 1", "use --queue-size 1 or more")
+    from ..engines import get_engine
+    from ..studio.app import create_app, launch_options
+
+    engine = get_engine(args.engine)
+    demo, ctx = create_app(engine, args.out, max_waiting=args.queue_size, preload=args.preload,
+                           gpu_gib=args.gpu_gib)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True,
+                **launch_options(ctx, auth=auth))
+    print(f"studio: http://{args.host}:{args.port} (engine {ctx.capabilities.engine}, outputs {ctx.outputs_root})",
+          flush=True)
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.close()
+        ctx.slot.close()
+        engine.close()
+    return 0

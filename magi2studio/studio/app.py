@@ -1,0 +1,60 @@
+"""The studio app: one Blocks with the tabs in :data:`TABS`, sharing one engine slot.
+
+A tab is a module ``magi2studio.studio.tab_<name>`` exposing ``build(ctx)``; add it to
+``TABS`` to include it (see :class:`~magi2studio.studio.context.StudioContext` for ``ctx``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from ..engines.base import Engine
+from ..layouts import parse_layout
+from ..runs import check_outputs_root
+from .context import ASSETS, StudioContext
+from .slot import EngineSlot
+
+TABS = ("generate", "results", "history", "environment")
+TITLE = "MAGI-2 studio"
+
+
+def create_app(engine: Engine, outputs_root: Path, *, max_waiting: int = 32, preload: str | None = None,
+               gpu_gib: float = 80.0) -> tuple[gr.Blocks, StudioContext]:
+    """Build the app around ``engine``; ``preload`` starts the engine for a layout at once."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    outputs_root = check_outputs_root(Path(outputs_root)).resolve()
+    capabilities = engine.capabilities()
+    slot = EngineSlot(engine, outputs_root, max_waiting=max_waiting,
+                      preload=parse_layout(preload) if preload else None)
+    ctx = StudioContext(engine=engine, capabilities=capabilities, slot=slot, outputs_root=outputs_root,
+                        gpu_gib=gpu_gib)
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
+        ctx.demo = demo
+        gr.Markdown(f"# {TITLE} · {capabilities.engine} engine")
+        with gr.Tabs() as tabs:
+            ctx.tabs = tabs
+            for name in TABS:
+                importlib.import_module(f"magi2studio.studio.tab_{name}").build(ctx)
+        ctx.run_deferred()
+    demo.queue(default_concurrency_limit=4)
+    return demo, ctx
+
+
+def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``demo.launch``: served paths, theme and CSS, threads, login."""
+    disabled = [tier for tier, reason in ctx.capabilities.tiers.items() if reason]
+    css = (ASSETS / "studio.css").read_text(encoding="utf-8") + "".join(
+        f'\n#tier label:has(input[value="{tier}"]) {{ opacity: .45; pointer-events: none; }}' for tier in disabled)
+    return {
+        "allowed_paths": [str(ctx.outputs_root), str(ASSETS)],
+        "css": css,
+        "theme": gr.themes.Soft(),
+        # Waiting followers each hold a worker thread; leave room for the page's other events.
+        "max_threads": ctx.slot.max_waiting + 24,
+        "auth": auth,
+    }

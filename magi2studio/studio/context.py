@@ -1,0 +1,56 @@
+"""What every tab module receives: ``build(ctx)`` gets one :class:`StudioContext`."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..engines.base import Capabilities, Engine
+from .slot import EngineSlot
+
+ASSETS = Path(__file__).with_name("assets")
+
+
+@dataclass
+class StudioContext:
+    """Shared state of one studio app, handed to each tab's ``build(ctx)``.
+
+    - ``engine``, ``capabilities``: the engine behind the studio and what it can run here.
+    - ``slot``: the one :class:`EngineSlot` (bounded FIFO queue) every session submits to;
+      a tab that generates calls ``ctx.slot.submit(request, layout, owner)`` and
+      ``ctx.slot.follow(job)``; ``owner`` is the Gradio session hash (cancel uses it).
+    - ``outputs_root``: where run folders are written; the only data folder the app serves.
+    - ``scratch``: a private temp folder for derived files (run-folder zips).
+    - ``gpu_gib``: GPU memory assumed by the layout memory-fit line (real checkpoint).
+    - ``demo``: the ``gr.Blocks`` being built (for ``demo.load`` events).
+    - ``tabs``: the ``gr.Tabs``; switch with ``gr.Tabs(selected=<tab id>)`` as an output.
+    - ``form``: set by the Generate tab: its ``GenerateForm`` (the request fields, and
+      ``values_from_manifest(manifest)`` to fill them back in, in ``form.fields`` order).
+    - ``results``: set by the Results tab: its ``ResultsView`` (``components`` and
+      ``values_for(run)`` giving their values for a run folder).
+    - ``defer(fn)``: run ``fn()`` inside the Blocks context after every tab is built, for
+      wiring events to components another tab creates.
+    """
+
+    engine: Engine
+    capabilities: Capabilities
+    slot: EngineSlot
+    outputs_root: Path
+    gpu_gib: float = 80.0
+    scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="magi2studio-")))
+    demo: Any = None
+    tabs: Any = None
+    form: Any = None
+    results: Any = None
+    _deferred: list[Callable[[], None]] = field(default_factory=list)
+
+    def defer(self, fn: Callable[[], None]) -> None:
+        self._deferred.append(fn)
+
+    def run_deferred(self) -> None:
+        for fn in self._deferred:
+            fn()
+        self._deferred.clear()

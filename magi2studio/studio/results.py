@@ -1,0 +1,81 @@
+"""What the Results view shows for one run folder, as plain data (DataFrames, rows, a zip)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..runs import RunFolder
+from ..timing import EXCLUDED_STEPS, read_jsonl, slowest_rank_per_step
+
+TIMING_COLUMNS = ["step", "ms", "series"]
+
+
+def timing_frame(records: list[dict]) -> pd.DataFrame:
+    """Per-step times for the plot: the slowest rank per step, each rank, and the excluded steps.
+
+    Steps 0 and 1 get their own series so the plot shows them apart from what the metric uses.
+    """
+    rows: list[dict[str, Any]] = []
+    stages = sorted({r["stage"] for r in records}, key=lambda s: (s != "preview", s))
+    for stage in stages:
+        slowest = slowest_rank_per_step(records, stage)
+        for step, ms in slowest.items():
+            if step in EXCLUDED_STEPS:
+                rows.append({"step": step, "ms": ms, "series": f"{stage}: steps 0-1 (excluded from the metric)"})
+            else:
+                rows.append({"step": step, "ms": ms, "series": f"{stage}: slowest rank"})
+        for record in records:
+            if record["stage"] == stage:
+                rows.append({"step": record["step"], "ms": float(record["ms"]),
+                             "series": f"{stage}: rank {record['rank']}"})
+    return pd.DataFrame(rows, columns=TIMING_COLUMNS)
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} ms"
+
+
+def summary_frame(manifest: dict[str, Any]) -> pd.DataFrame:
+    """The gate metric (ms/step) with median / min / max and totals per stage, then stage times."""
+    rows: list[tuple[str, str]] = []
+    timing = manifest.get("timing", {})
+    for stage, summary in timing.get("stages", {}).items():
+        rows.append((f"{stage}: gate metric (mean of the slowest rank, steps 0-1 dropped)",
+                     _ms(summary.get("gate_ms")) + "/step" if summary.get("gate_ms") is not None
+                     else summary.get("note", "n/a")))
+        rows.append((f"{stage}: median / min / max",
+                     " / ".join(_ms(summary.get(key)) for key in ("median_ms", "min_ms", "max_ms"))))
+        rows.append((f"{stage}: steps, ranks", f"{summary.get('steps')} steps on ranks {summary.get('ranks')}"))
+        rows.append((f"{stage}: total", _ms(summary.get("total_ms"))))
+    for stage, ms in timing.get("stage_ms", {}).items():
+        rows.append((f"stage time: {stage}", _ms(ms)))
+    return pd.DataFrame(rows, columns=["what", "value"])
+
+
+def headline(run: RunFolder) -> str:
+    """One line naming the run: mode, tier, the seed actually used, steps, layout, hashes."""
+    m = run.manifest
+    request, resolved, output = m["request"], m.get("resolved", {}), m.get("output", {})
+    steps = resolved.get("steps", request.get("steps"))
+    return (f"**{run.path.name}** · {request['mode'].upper()} {request['tier']} · seed **{request['seed']}** · "
+            f"{steps} steps · layout {m['layout']['name']} · {output.get('width')}x{output.get('height')} "
+            f"{output.get('frames')} frames @ {output.get('fps')} fps · frames sha256 "
+            f"`{m['hashes']['frames_sha256'][:16]}…`")
+
+
+def load_timing(run: RunFolder) -> pd.DataFrame:
+    return timing_frame(read_jsonl(run.steps))
+
+
+def zip_run(run: RunFolder, scratch: Path) -> Path:
+    """A zip of the whole run folder, made once per run in the studio's scratch folder."""
+    target = Path(scratch) / f"{run.path.name}.zip"
+    if not target.is_file():
+        partial = shutil.make_archive(str(Path(scratch) / f".{run.path.name}"), "zip",
+                                      root_dir=run.path.parent, base_dir=run.path.name)
+        Path(partial).rename(target)
+    return target

@@ -1,0 +1,86 @@
+"""Results: the mp4 (with its audio track), the WAV, the per-step timing plot, the summary
+table, the manifest and a zip of the run folder, next to each other; "Use these settings"
+fills the Generate form back in from the manifest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from ..runs import RunFolder, load_run
+from . import results as R
+from .context import StudioContext
+from .form import FIELDS
+
+TAB_ID = "results"
+
+
+@dataclass
+class ResultsView:
+    """The result components, and the values they take for one run folder."""
+
+    headline: gr.Markdown
+    video: gr.Video
+    wav: gr.Audio
+    plot: gr.LinePlot
+    summary: gr.Dataframe
+    manifest: gr.JSON
+    download: gr.File
+    run_path: gr.State
+    scratch: Path
+
+    @property
+    def components(self) -> list[Any]:
+        """In the order of the generate endpoint's first outputs."""
+        return [self.video, self.wav, self.manifest, self.download, self.plot, self.summary, self.headline,
+                self.run_path]
+
+    def values_for(self, run: RunFolder) -> dict[Any, Any]:
+        return {
+            self.headline: R.headline(run),
+            self.video: str(run.video),
+            self.wav: str(run.wav),
+            self.manifest: run.manifest,
+            self.download: str(R.zip_run(run, self.scratch)),
+            self.plot: R.load_timing(run),
+            self.summary: R.summary_frame(run.manifest),
+            self.run_path: str(run.path),
+        }
+
+
+def build(ctx: StudioContext) -> None:
+    with gr.Tab("Results", id=TAB_ID):
+        headline = gr.Markdown("No run yet: generate one, or pick one in History.", elem_id="run-headline",
+                               label="headline")
+        with gr.Row(equal_height=False):
+            with gr.Column():
+                video = gr.Video(label="video.mp4 (with its audio track)", elem_id="result-video",
+                                 interactive=False, autoplay=False, loop=False)
+                wav = gr.Audio(label="audio.wav", type="filepath", interactive=False, elem_id="result-wav")
+            with gr.Column():
+                plot = gr.LinePlot(value=R.timing_frame([]), x="step", y="ms", color="series",
+                                   title="Per-step time (ms): slowest rank and each rank",
+                                   x_title="step", y_title="ms", elem_id="timing-plot", height=320,
+                                   label="per-step timing")
+                summary = gr.Dataframe(value=R.summary_frame({}), headers=["what", "value"], interactive=False,
+                                       label="Timing summary", elem_id="timing-summary", wrap=True)
+        with gr.Row():
+            reuse = gr.Button("Use these settings", elem_id="use-settings")
+            download = gr.File(label="The run folder as a zip", interactive=False, elem_id="run-zip")
+        with gr.Accordion("manifest.json", open=False):
+            manifest = gr.JSON(label="manifest", elem_id="manifest")
+        run_path = gr.State(None)
+
+    ctx.results = ResultsView(headline, video, wav, plot, summary, manifest, download, run_path, ctx.scratch)
+
+    def use_settings(path: str | None):
+        if not path:
+            raise gr.Error("no run is shown: generate one, or pick one in History", print_exception=False)
+        values = ctx.form.values_from_manifest(load_run(Path(path)).manifest)
+        return [*values, gr.Tabs(selected="generate")]
+
+    ctx.defer(lambda: reuse.click(use_settings, run_path, [*(ctx.form.fields[n] for n in FIELDS), ctx.tabs],
+                                  api_visibility="private"))
