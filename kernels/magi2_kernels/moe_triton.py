@@ -151,14 +151,11 @@ def _search_steps(num_experts: int) -> int:
     return max(1, math.ceil(math.log2(max(num_experts, 2)))) + 1
 
 
-def _w13_n_per_program(d_expert: int, block_n: int) -> int:
-    """Largest n-blocks-per-program count that divides the width, at most 5 (1280 = 5 x 256)."""
+def _w13_n_per_program(d_expert: int, config: GemmConfig) -> int:
+    """The config's n-blocks per program, reduced to the largest count that divides the n-blocks."""
 
-    blocks = d_expert // block_n
-    for candidate in (5, 4, 2, 1):
-        if blocks % candidate == 0 and candidate <= blocks:
-            return candidate
-    return 1
+    blocks = d_expert // config.block_n
+    return max(c for c in range(1, min(config.n_per_program, blocks) + 1) if blocks % c == 0)
 
 
 def launch(
@@ -199,7 +196,7 @@ def launch(
 
     cfg = w13_config
     prefix = tile_prefix(offsets, cfg.block_m)
-    n_per_program = _w13_n_per_program(d_expert, cfg.block_n)
+    n_per_program = _w13_n_per_program(d_expert, cfg)
     groups = d_expert // (cfg.block_n * n_per_program)
     # Launch bound without a host read: every expert adds at most one partial tile.
     grid13 = ((triton.cdiv(routes, cfg.block_m) + flat_experts) * groups,)

@@ -24,6 +24,7 @@ class GemmConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    n_per_program: int = 1  # W13 only: n-blocks one program walks (its x tile stays hot)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -32,6 +33,7 @@ class GemmConfig:
             "block_k": self.block_k,
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
+            "n_per_program": self.n_per_program,
         }
 
 
@@ -72,7 +74,7 @@ class Platform:
 
 # Hopper (H100/H200): chosen by the config sweep in scripts/bench_kernels.py on the lent
 # H200 (numbers in docs/performance.md, section "Kernels (issue 3)").
-HOPPER_W13 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+HOPPER_W13 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, n_per_program=5)
 HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
 # Other CUDA GPUs: the smaller tiles vLLM-Omni 0.30.0 uses on pre-Blackwell parts.
 GENERIC_CUDA_W13 = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3)
@@ -81,7 +83,7 @@ GENERIC_CUDA_W2 = GemmConfig(block_m=64, block_n=128, block_k=32, num_warps=4, n
 MUSA_W13 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=16, num_stages=1)
 MUSA_W2 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=16, num_stages=1)
 # Interpreter: small tiles so CPU tests exercise several tiles and partial blocks.
-INTERPRETER_W13 = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
+INTERPRETER_W13 = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1, n_per_program=2)
 INTERPRETER_W2 = GemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=1)
 
 
