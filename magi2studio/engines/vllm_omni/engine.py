@@ -1,0 +1,185 @@
+"""``engine: vllm-omni`` behind the common interface.
+
+One child process (:mod:`.process`) owns one ``Omni`` for one set of start options (layout,
+VAE patch parallelism, compile flags, deterministic mode); a request needing other options
+restarts it. The weights check runs before any start. The per-rank step records come from
+the worker plugin through a metrics folder the child passes to its workers by env.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from ... import determinism
+from ...capabilities import detect, tier_refusal
+from ...errors import InputError
+from ...layouts import Layout, rules_for_real_model
+from ...plugin import ENV_CANCEL_FILE, ENV_METRICS_DIR
+from ...request import Request
+from ...tiers import TIERS, Tier, get_tier
+from ...weights import check_weights, resolve_root
+from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback
+from . import params
+from .process import EngineProcess
+
+WORKER_TARGET = "magi2studio.engines.vllm_omni.worker:run_omni"
+
+
+def platform_name() -> str:
+    from vllm_omni.platforms import current_omni_platform
+
+    if current_omni_platform.is_musa():
+        return "musa"
+    if current_omni_platform.is_cuda():
+        return "cuda"
+    return current_omni_platform._omni_enum.value.lower()
+
+
+def device_names() -> list[str]:
+    from vllm_omni.platforms import current_omni_platform
+
+    try:
+        count = current_omni_platform.get_device_count()
+        return [current_omni_platform.get_device_name(i) for i in range(count)]
+    except (RuntimeError, AssertionError, NotImplementedError):
+        return []
+
+
+class VllmOmniEngine(Engine):
+    name = "vllm-omni"
+
+    def __init__(self, checkpoint_root: str | None = None, work_dir: str | None = None,
+                 start_timeout_s: float = 3600.0, request_timeout_s: float = 7200.0,
+                 gpu_gib: float | None = None) -> None:
+        self.checkpoint_root = str(resolve_root(checkpoint_root))
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="magi2studio-vllm-omni-"))
+        self.start_timeout_s = start_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.gpu_gib = gpu_gib
+        self._process: EngineProcess | None = None
+        self._options: params.StartOptions | None = None
+        self._loads = 0
+        self._cancel_file: Path | None = None
+        self._fresh_load = False
+
+    # What the installed stack can do ---------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        caps = detect()
+        devices = device_names()
+        notes = [
+            f"vLLM-Omni {caps.vllm_omni_version}: workers {', '.join(map(str, caps.qualified_world_sizes))}"
+            + (" or 1 with layerwise offload" if caps.offload_world_size else ""),
+            "expert parallel: " + ("accepted" if caps.expert_parallel else f"refused ({caps.expert_parallel_refusal})"),
+        ]
+        if not caps.guidance_per_request:
+            notes.append(f"guidance fixed at video {caps.fixed_video_guidance:g} / audio {caps.fixed_audio_guidance:g}")
+        if not caps.negative_prompt_per_request:
+            notes.append(f"negative prompt from env {caps.negative_prompt_env}, not per request")
+        no_gpu = "no CUDA/MUSA GPU is visible here (vLLM-Omni's MAGI-2 pipeline requires GPUs)"
+        return Capabilities(
+            engine=self.name, platform=platform_name(), devices=devices,
+            tiers={name: tier_refusal(caps, tier) or (None if devices else no_gpu) for name, tier in TIERS.items()},
+            max_world_size=len(devices), default_steps=caps.default_steps, default_refiner_steps=0,
+            default_compile=params.DEFAULT_COMPILE, compile_modes=params.COMPILE_MODES, notes=notes,
+        )
+
+    def check_layout(self, layout: Layout, tier: Tier) -> list[str]:
+        warnings = rules_for_real_model(layout, tier, self.gpu_gib)
+        params.check_layout(layout, tier, detect())
+        devices = len(device_names())
+        if layout.world_size > devices:
+            raise InputError("layout", f"{layout.name} needs {layout.world_size} GPUs; this machine has {devices}",
+                             f"pick a layout of at most {devices} workers")
+        return warnings
+
+    # The engine child -----------------------------------------------------------------------
+    @property
+    def layout(self) -> Layout | None:
+        return self._options.layout if self._options else None
+
+    def start(self, layout: Layout) -> bool:
+        tier = get_tier("272p")
+        return self._ensure(params.StartOptions(layout, layout.vae_patch_parallel(tier), params.DEFAULT_COMPILE,
+                                                True, platform_name()), tier.name)
+
+    def _ensure(self, options: params.StartOptions, tier_name: str) -> bool:
+        if self._process is not None and self._process.alive and self._options == options:
+            return False
+        self.close()
+        report = check_weights(self.checkpoint_root, tier_name)
+        if not report.ok:
+            raise InputError("MAGI2_CKPT_ROOT", f"{self.checkpoint_root} is incomplete: " + "; ".join(
+                f"{path} {problem}" for path, problem in report.problems),
+                "download the missing files (magi2studio weights check lists them), or point MAGI2_CKPT_ROOT elsewhere")
+        self._loads += 1
+        metrics_dir = self.work_dir / f"engine-{self._loads}" / "metrics"
+        metrics_dir.mkdir(parents=True)
+        cancel_file = metrics_dir.parent / "cancel"
+        env = {**determinism.deterministic_env(str(metrics_dir.parent / "inductor-cache")),
+               ENV_METRICS_DIR: str(metrics_dir), ENV_CANCEL_FILE: str(cancel_file)}
+        process = EngineProcess(WORKER_TARGET, {"options": options, "checkpoint_root": self.checkpoint_root,
+                                                "metrics_dir": str(metrics_dir), "cancel_file": str(cancel_file)},
+                                metrics_dir.parent / "engine.log", env)
+        process.start(self.start_timeout_s)
+        self._process, self._options, self._cancel_file = process, options, cancel_file
+        self._fresh_load = True
+        return True
+
+    def generate(self, request: Request, *, on_progress: ProgressCallback | None = None,
+                 cancel: threading.Event | None = None) -> Generation:
+        caps = detect()
+        tier = params.check_request(request, caps)
+        layout = self.layout or Layout()
+        self.check_layout(layout, tier)
+        options = params.start_options(request, layout, tier, platform_name())
+        if on_progress is not None:
+            on_progress(Progress("load", message=f"vLLM-Omni for {layout.name}"))
+        self._ensure(options, tier.name)
+        self._cancel_file.unlink(missing_ok=True)
+        stop_watch = threading.Event()
+        watcher = threading.Thread(target=self._watch_cancel, args=(cancel, stop_watch), daemon=True)
+        watcher.start()
+        try:
+            result = self._process.call(request.model_dump(mode="json"), self.request_timeout_s,
+                                        lambda event: self._progress(event, on_progress))
+        finally:
+            stop_watch.set()
+            watcher.join()
+        stage_ms = dict(result["stage_ms"])
+        if self._fresh_load:
+            stage_ms["load"] = self._process.info["load_ms"]
+            self._fresh_load = False
+        return Generation(
+            frames=result["frames"], audio=result["audio"], fps=result["fps"], sample_rate=result["sample_rate"],
+            step_records=result["step_records"], stage_ms=stage_ms,
+            resolved={"steps": request.steps or caps.default_steps, "compile": options.compile,
+                      "video_cfg": caps.fixed_video_guidance, "audio_cfg": caps.fixed_audio_guidance,
+                      "negative_prompt_env": os.environ.get(caps.negative_prompt_env),
+                      "vae_patch_parallel_size": options.vae_patch_parallel_size},
+            engine_info={"name": self.name, "embedded": False, "vllm_omni": caps.vllm_omni_version,
+                         "start_options": options.as_dict(), "kernels": self._process.info.get("kernels"),
+                         "checkpoint_root": self.checkpoint_root, "metrics_dir": self._process.info["metrics_dir"]},
+        )
+
+    def _watch_cancel(self, cancel: threading.Event | None, stop: threading.Event) -> None:
+        """Turn the studio's cancel event into the file the workers check at each step end."""
+
+        while cancel is not None and not stop.wait(0.2):
+            if cancel.is_set():
+                self._cancel_file.touch()
+                return
+
+    @staticmethod
+    def _progress(event: dict[str, Any], on_progress: ProgressCallback | None) -> None:
+        if on_progress is not None and "progress" in event:
+            step = event["progress"]
+            on_progress(Progress(step["stage"], step=step["step"], total=step["total"]))
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.stop()
+        self._process, self._options = None, None
