@@ -1,72 +1,43 @@
 """Environment: what ``magi2studio doctor`` reports (platform, devices, versions, the
-deterministic environment, the weights check). Until the doctor module is installed, the
-engine's capabilities, package versions, the deterministic environment and build-info."""
+deterministic environment, the weights check when a checkpoint root is set), plus the
+engine this studio is serving."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import html
 import logging
-from typing import Any
 
 import gradio as gr
 
-from .. import determinism, provenance
+from .. import doctor
 from .context import StudioContext
 
 log = logging.getLogger(__name__)
 TAB_ID = "environment"
 
 
-def environment_report(ctx: StudioContext) -> dict[str, Any]:
-    """The doctor's report when ``magi2studio.doctor.report`` exists, else what the spine records."""
-    try:
-        doctor = importlib.import_module("magi2studio.doctor")
-    except ModuleNotFoundError:
-        doctor = None
-    if doctor is not None and hasattr(doctor, "report"):
-        found = doctor.report()
-        if dataclasses.is_dataclass(found):
-            found = dataclasses.asdict(found)
-        return {"source": "magi2studio doctor", **(found if isinstance(found, dict) else {"report": found})}
-    return {
-        "source": "studio (magi2studio.doctor is not installed)",
-        "engine": dataclasses.asdict(ctx.capabilities),
-        "versions": provenance.package_versions(),
-        "deterministic_environment": determinism.recorded(),
-        "build_info": provenance.build_info(),
-    }
-
-
-def _summary(report: dict[str, Any]) -> str:
-    engine = report.get("engine", {})
-    if isinstance(engine, dict) and "platform" in engine:
-        lines = [f"**Engine** {engine.get('engine')} on **{engine.get('platform')}**, devices: "
-                 f"{', '.join(engine.get('devices') or []) or 'none'}"]
-    else:
-        lines = []
-    lines.append(f"Report from: {report.get('source')}")
-    env = report.get("deterministic_environment") or {}
-    unset = [key for key, value in env.items() if value is None]
-    if env:
-        lines.append("Deterministic environment: " + ("all set" if not unset else f"not set: {', '.join(unset)}"))
-    return "\n\n".join(lines)
-
-
 def build(ctx: StudioContext) -> None:
     with gr.Tab("Environment", id=TAB_ID) as tab:
-        refresh = gr.Button("Refresh", size="sm")
-        summary = gr.Markdown()
-        report = gr.JSON(label="Environment report", elem_id="environment-report")
+        refresh = gr.Button("Refresh", size="sm", scale=0)
+        serving = gr.Markdown(elem_id="environment-engine")
+        lines = gr.HTML(elem_id="environment-lines")
+        with gr.Accordion("The report as JSON", open=False):
+            report = gr.JSON(label="magi2studio doctor --json", elem_id="environment-report")
 
     def load():
+        caps = ctx.capabilities
+        engine_line = (f"**Serving:** {caps.engine} on {caps.platform}, devices {', '.join(caps.devices) or 'none'}, "
+                       f"layout {ctx.engine.layout.name if ctx.engine.layout else 'not started'}.\n\n"
+                       + "\n\n".join(f"- {note}" for note in caps.notes))
         try:
-            found = environment_report(ctx)
-        except Exception as err:  # a broken probe must not take the page down
-            log.exception("environment report failed")
-            raise gr.Error(f"the environment report failed: {type(err).__name__}: {err}",
-                           print_exception=False) from None
-        return _summary(found), found
+            found = doctor.collect()
+            rendered = doctor.render(found)
+        except Exception as err:  # doctor's probes are defensive; this keeps the page up regardless
+            log.exception("doctor failed")
+            raise gr.Error(f"doctor failed: {type(err).__name__}: {err}", print_exception=False) from None
+        text = "<pre class='m2s-doctor'>" + html.escape("\n".join(rendered)) + "</pre>"
+        return engine_line, text, {"studio_engine": dataclasses.asdict(caps), **found}
 
     for trigger in (tab.select, refresh.click):
-        trigger(load, None, [summary, report], api_visibility="private")
+        trigger(load, None, [serving, lines, report], api_visibility="private")

@@ -1,0 +1,41 @@
+"""One studio on the embedded engine for the whole studio suite, launched on a free local port."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+@dataclass
+class Studio:
+    url: str
+    ctx: Any
+    outputs: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def studio(tmp_path_factory) -> Studio:
+    from magi2studio.engines import get_engine
+    from magi2studio.studio.app import create_app, launch_options
+
+    engine = get_engine("embedded")
+    outputs = tmp_path_factory.mktemp("studio-outputs")
+    demo, ctx = create_app(engine, outputs, max_waiting=20, preload="sp1-cfg1")
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                **launch_options(ctx))
+    try:
+        yield Studio(f"http://127.0.0.1:{port}/", ctx, outputs)
+    finally:
+        demo.close()
+        ctx.slot.close()
+        engine.close()
