@@ -259,7 +259,7 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
     for tier in sorted({s.request.tier for s in sample_set.samples}):
         engine.check_layout(layout, get_tier(tier))
     results: list[SampleResult] = [
-        SampleResult(s.index, s.name, "skipped", "?", sample_set.seed, sample_set.seed_policy, "?", layout.name,
+        SampleResult(s.index, s.name, "skipped", s.mode, sample_set.seed, sample_set.seed_policy, "-", layout.name,
                      error=s.reason) for s in sample_set.skipped]
     pending = list(sample_set.samples)
     emit = on_event or (lambda kind, result, payload: None)

@@ -46,6 +46,7 @@ class Skipped:
 
     index: int
     name: str
+    mode: str
     reason: str
 
 
@@ -199,7 +200,8 @@ def load_sample_set(path: str | Path, *, seed: int = 42, seed_policy: str = "fix
             if not skip_missing:
                 raise InputError(err.field, err.problem, f"{err.fix}, or pass --skip-missing to run the rest") from None
             mode = entry.get("mode", "i2va" if entry.get("image") else "t2va")
-            result.skipped.append(Skipped(index, str(entry.get("name") or default_name(entry, index, mode)), str(err)))
+            name = str(entry.get("name") or default_name(entry, index, mode))
+            result.skipped.append(Skipped(index, name, mode, str(err)))
             continue
         result.samples.append(sample)
     names = [s.name for s in result.samples] + [s.name for s in result.skipped]
