@@ -22,10 +22,12 @@ from .tiny import TINY_CONFIG_FILE, TinyConfig
 TURBO_CONFIG_NAME = "TurboV3-Wan22-TinyShallow_7_7.json"
 DEFAULT_ROOT = Path(os.environ.get("MAGI2_TINY_CKPT", Path.home() / ".cache" / "magi2studio"))
 _TOKENIZER_CORPUS = Path(__file__).with_name("tokenizer_corpus.txt")
+# Bump when the generated tree changes, so a cached older tree is not reused.
+CHECKPOINT_FORMAT = 2
 
 
 def checkpoint_dir(config: TinyConfig, root: Path | None = None) -> Path:
-    return Path(root or DEFAULT_ROOT) / f"tiny-{config.digest}"
+    return Path(root or DEFAULT_ROOT) / f"tiny-{config.digest}-v{CHECKPOINT_FORMAT}"
 
 
 def ensure_checkpoint(config: TinyConfig, root: Path | None = None) -> Path:
@@ -136,7 +138,12 @@ def _write_text_encoder(config: TinyConfig, folder: Path, generator: torch.Gener
     state = {name: _init_tensor(name, torch.empty(t.shape, dtype=torch.float32), generator)
              for name, t in model.state_dict().items()}
     text_config.save_pretrained(str(folder))
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    # Sharded with an index, as the released text_encoder/ is (upstream requires the index).
+    shard = "model-00001-of-00001.safetensors"
+    save_file(state, str(folder / shard), metadata={"format": "pt"})
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+             "weight_map": {name: shard for name in sorted(state)}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2), encoding="utf-8")
 
 
 def _write_image_encoder(config: TinyConfig, folder: Path, generator: torch.Generator) -> None:

@@ -1,0 +1,22 @@
+import pytest
+
+from magi2studio.request import build_request
+
+from pathlib import Path
+
+SAMPLES = Path(__file__).resolve().parents[2] / "magi2studio" / "data" / "sandai" / "assets"
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from magi2studio.engines import get_engine
+    from magi2studio.layouts import parse_layout
+
+    eng = get_engine("embedded")
+    eng.start(parse_layout("sp1-cfg1"))
+    return eng
+
+
+@pytest.fixture
+def request_t2va():
+    return build_request(prompt="a red kite over a windy beach, waves and gulls", steps=3, seed=7)
