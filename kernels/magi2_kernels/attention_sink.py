@@ -17,13 +17,16 @@ from .platform import Platform, current_platform
 
 def reference_varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-    *, softcap: float = -1.0,
+    *, softcap: float = -1.0, out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed bidirectional attention (GQA, optional softcap) in fp32: ``(out[T, H, D] in q.dtype, lse[H, T])``."""
+    """Packed bidirectional attention (GQA, optional softcap) in fp32: ``(out[T, H, D], lse[H, T])``.
+
+    ``out`` is in ``out_dtype`` (default ``q.dtype``); ask for fp32 to round once, after the sink.
+    """
 
     tokens, heads, dim = q.shape
     compute = torch.promote_types(q.dtype, torch.float32)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     lse = torch.empty(heads, tokens, dtype=compute, device=q.device)
     scale = dim**-0.5
     groups = heads // k.shape[1]
@@ -37,7 +40,7 @@ def reference_varlen_attention(
         if softcap > 0:
             scores = softcap * torch.tanh(scores / softcap)
         row_lse = torch.logsumexp(scores, dim=-1)
-        out[q0:q1] = torch.einsum("hqk,khd->qhd", torch.exp(scores - row_lse[..., None]), vs).to(q.dtype)
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", torch.exp(scores - row_lse[..., None]), vs).to(out.dtype)
         lse[:, q0:q1] = row_lse
     return out, lse
 
