@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,17 +83,19 @@ class WorkerStepTimer(StepTimer):
         write_jsonl(records, steps_file(self.metrics_dir, self.rank))
 
 
-def install_kernel_overrides(environ: dict[str, str] | os._Environ = os.environ) -> dict[str, Any]:
-    """Install the project's kernels as ``MAGI2_KERNELS`` asks, gated on the platform object."""
+def install_kernel_overrides(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Install the project's kernels as ``MAGI2_KERNELS`` asks (``magi2_kernels.overrides``).
 
-    selection = environ.get(ENV_KERNELS, "off").strip().lower()
-    if selection in ("", "off", "0", "false", "none"):
+    Gated inside ``install_overrides`` on magi2_kernels' platform object, never on a tensor's
+    device; a patched name missing upstream raises ``UpstreamMismatch`` before anything is patched.
+    """
+
+    selection = environ.get(ENV_KERNELS, "off").strip()
+    if selection.lower() in ("", "off"):
         return {"selection": "off", "installed": {}}
-    from magi2_kernels.overrides import install_overrides, selection_from_env
-    from vllm_omni.platforms import current_omni_platform
+    from magi2_kernels.overrides import install_overrides
 
-    installed = install_overrides(selection_from_env(), platform=current_omni_platform)
-    return {"selection": selection, "installed": installed}
+    return {"selection": selection, "installed": install_overrides(selection)}
 
 
 def register() -> dict[str, Any]:

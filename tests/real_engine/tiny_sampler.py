@@ -97,9 +97,22 @@ def run_rank(rank: int, world_size: int, port: int, cfg_parallel_size: int, step
     join_group(rank, world_size, port, cfg_parallel_size)
     from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
 
+    from vllm_omni.diffusion.models.magi2 import sampler_magi2
+
+    closed_by: dict[str, int] = {}
+    for name in ("step", "_step_guided"):  # count which per-step method closed each step
+        hooked = getattr(Magi2PreviewSampler, name)
+
+        def counting(*args, _hooked=hooked, _name=name, **kwargs):
+            closed_by[_name] = closed_by.get(_name, 0) + 1
+            return _hooked(*args, **kwargs)
+
+        setattr(Magi2PreviewSampler, name, counting if name == "step" else staticmethod(counting))
     sampler = Magi2PreviewSampler(tiny_transformer())
     latent, audio = sampler.sample(sampler_input(steps))
-    torch.save({"latent": latent, "audio": audio}, os.path.join(out_dir, f"result-rank{rank}.pt"))
+    torch.save({"latent": latent, "audio": audio, "closed_by": closed_by,
+                "cfg_world_size": sampler_magi2.get_classifier_free_guidance_world_size()},
+               os.path.join(out_dir, f"result-rank{rank}.pt"))
     import torch.distributed as dist
 
     dist.barrier()

@@ -1,0 +1,83 @@
+"""The worker plugin, installed through its vllm.general_plugins entry point, on upstream's sampler.
+
+The ranks are spawned processes on gloo (tiny_sampler.py): one rank runs the plain
+``step`` path, two ranks with ``cfg_parallel_size=2`` run ``_step_guided``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from magi2studio import plugin, timing
+from magi2studio.timing import read_jsonl
+
+from .tiny_sampler import spawn
+
+STEPS = 3  # the fewest that leave a step for the seed's metric after steps 0 and 1
+
+
+def _results(folder, world_size):
+    return [torch.load(folder / f"result-rank{rank}.pt") for rank in range(world_size)]
+
+
+@pytest.mark.slow
+def test_one_record_per_step_per_rank_single_and_cfg_parallel(tmp_path):
+    single, parallel = tmp_path / "single", tmp_path / "cfg2"
+    spawn(1, 1, STEPS, str(single))
+    spawn(2, 2, STEPS, str(parallel))
+
+    (one,) = _results(single, 1)
+    assert one["cfg_world_size"] == 1 and one["closed_by"] == {"step": STEPS}
+    rows = read_jsonl(single / "steps-rank0.jsonl")
+    assert [(r["rank"], r["stage"], r["step"]) for r in rows] == [(0, "preview", s) for s in range(STEPS)]
+    assert all(r["ms"] > 0 for r in rows)
+    assert [p["step"] for p in read_jsonl(single / "progress.jsonl")] == list(range(STEPS))
+
+    ranks = _results(parallel, 2)
+    for rank, result in enumerate(ranks):
+        assert result["cfg_world_size"] == 2 and result["closed_by"] == {"_step_guided": STEPS}
+        rows = read_jsonl(parallel / f"steps-rank{rank}.jsonl")
+        assert [(r["rank"], r["step"]) for r in rows] == [(rank, s) for s in range(STEPS)]
+    # The timed CFG-parallel run is the same computation as the single-rank one (the guided
+    # combine runs in another order, so equal to float32 rounding, not bit for bit).
+    for result in ranks:
+        for key in ("latent", "audio"):
+            error = (result[key] - one[key]).norm() / one[key].norm()
+            assert error < 1e-4, (key, float(error))
+    summary = timing.gate_summary([*read_jsonl(parallel / "steps-rank0.jsonl"),
+                                   *read_jsonl(parallel / "steps-rank1.jsonl")])
+    assert summary["ranks"] == [0, 1] and summary["steps"] == STEPS and summary["excluded_steps"] == [0, 1]
+    assert summary["gate_ms"] is not None
+    assert read_jsonl(single / "kernels.json") == [{"installed": {}, "selection": "off"}]
+
+
+def test_register_is_idempotent_and_loud_when_upstream_renamed_a_method(monkeypatch):
+    from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
+
+    monkeypatch.delenv(plugin.ENV_METRICS_DIR, raising=False)
+    monkeypatch.setattr(plugin, "_state", None)
+    first = plugin.register()
+    wrapped_sample = Magi2PreviewSampler.sample
+    assert plugin.register() is first and Magi2PreviewSampler.sample is wrapped_sample
+    assert first["timer"] is None and first["kernels"] == {"selection": "off", "installed": {}}
+
+    monkeypatch.setattr(plugin, "_state", None)
+    guided = Magi2PreviewSampler.__dict__["_step_guided"]
+    monkeypatch.delattr(Magi2PreviewSampler, "_step_guided")
+    monkeypatch.setattr(Magi2PreviewSampler, "_step_guided_v2", guided, raising=False)
+    with pytest.raises(RuntimeError, match=r"Magi2PreviewSampler has no _step_guided: the pinned vLLM-Omni sampler"):
+        plugin.register()
+    assert plugin._state is None  # a failed start is not remembered as a success
+
+
+def test_entry_point_is_declared_for_vllm_general_plugins():
+    """What vLLM-Omni's loader sees (in a fresh interpreter, outside the repo's sys.path)."""
+
+    code = ("from importlib.metadata import entry_points;"
+            "print([e.value for e in entry_points(group='vllm.general_plugins') if e.name == 'magi2studio'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
+    assert out.stdout.strip() == "['magi2studio.plugin:register']"
