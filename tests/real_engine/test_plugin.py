@@ -6,6 +6,8 @@ The ranks are spawned processes on gloo (tiny_sampler.py): one rank runs the pla
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -81,3 +83,38 @@ def test_entry_point_is_declared_for_vllm_general_plugins():
             "print([e.value for e in entry_points(group='vllm.general_plugins') if e.name == 'magi2studio'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
     assert out.stdout.strip() == "['magi2studio.plugin:register']"
+
+
+KERNELS_SCRIPT = r"""
+import json, os, sys
+from magi2studio import plugin
+from vllm_omni.diffusion.models.magi2 import mh_moe
+original = mh_moe.Magi2MultiHeadMoE.__dict__["_local_forward"]
+del mh_moe.Magi2MultiHeadMoE._local_forward
+mh_moe.Magi2MultiHeadMoE._local_forward_v2 = original
+try:
+    plugin.register()
+except Exception as err:
+    print("REFUSED", type(err).__name__, err)
+else:
+    sys.exit("register() accepted a vLLM-Omni without Magi2MultiHeadMoE._local_forward")
+assert plugin._state is None and mh_moe.Magi2MultiHeadMoE._local_forward_v2 is original
+mh_moe.Magi2MultiHeadMoE._local_forward = original
+state = plugin.register()
+print("INSTALLED", json.dumps(state["kernels"], sort_keys=True))
+print("FILE", open(os.path.join(os.environ["MAGI2STUDIO_METRICS_DIR"], "kernels.json")).read())
+print("PATCHED", mh_moe.Magi2MultiHeadMoE._local_forward is not original)
+"""
+
+
+def test_kernel_overrides_by_env_and_refused_when_a_patched_name_moved(tmp_path):
+    pytest.importorskip("magi2_kernels.overrides")
+    env = {**os.environ, "MAGI2_KERNELS": "on", plugin.ENV_METRICS_DIR: str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", KERNELS_SCRIPT], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert "Magi2MultiHeadMoE._local_forward" in lines["REFUSED"]
+    installed = json.loads(lines["INSTALLED"])
+    assert installed["selection"] == "on" and installed["installed"]["moe"].startswith("ours")
+    assert json.loads(lines["FILE"]) == installed
+    assert lines["PATCHED"] == "True"
