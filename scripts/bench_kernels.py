@@ -41,11 +41,12 @@ W13_SWEEP = [
     GemmConfig(128, 128, 64, 8, 3, 5), GemmConfig(128, 128, 64, 8, 4, 5), GemmConfig(128, 128, 64, 8, 3, 1),
     GemmConfig(128, 128, 64, 8, 3, 10), GemmConfig(128, 64, 64, 4, 4, 5), GemmConfig(128, 64, 64, 8, 4, 10),
     GemmConfig(64, 128, 64, 4, 4, 5), GemmConfig(128, 128, 128, 8, 2, 5), GemmConfig(64, 64, 64, 4, 4, 5),
+    GemmConfig(128, 128, 64, 8, 2, 10), GemmConfig(128, 64, 128, 8, 3, 10), GemmConfig(64, 128, 64, 4, 3, 10),
 ]
 W2_SWEEP = [
     GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4), GemmConfig(128, 128, 64, 4, 4),
     GemmConfig(64, 256, 64, 4, 3), GemmConfig(128, 256, 32, 8, 4), GemmConfig(128, 128, 128, 8, 3),
-    GemmConfig(64, 128, 64, 4, 4),
+    GemmConfig(64, 128, 64, 4, 4), GemmConfig(256, 128, 64, 8, 3), GemmConfig(128, 256, 64, 8, 4),
 ]
 
 
@@ -112,6 +113,19 @@ def count_launches(fn) -> int:
         fn()
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def kernel_breakdown(fn) -> dict[str, float]:
+    """Device microseconds per kernel name for one call (torch profiler)."""
+
+    if not torch.cuda.is_available():
+        return {}
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.key[:80]: round(e.device_time_total, 2) for e in prof.key_averages() if e.device_time_total > 0}
 
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -210,6 +224,10 @@ def run_moe(args, mh, dev, smoke, results, checks):
                    ours_routing_launches=count_launches(our_routing),
                    upstream_routing_launches=count_launches(upstream_routing),
                    w13_config=w13_cfg.as_dict(), w2_config=w2_cfg.as_dict())
+        if index == 0:
+            row["breakdown_us"] = dict(ours_atomic=kernel_breakdown(ours_atomic), ours_det=kernel_breakdown(ours_det),
+                                       ours_routing=kernel_breakdown(our_routing),
+                                       upstream_atomic=kernel_breakdown(upstream_atomic))
         row["ours_tflops"] = flops / row["ours_ms"] / 1e9
         row["upstream_tflops"] = flops / row["upstream_ms"] / 1e9
         row["dense_tflops"] = flops / row["dense_ms"] / 1e9

@@ -14,29 +14,49 @@ def _post_residual_kernel(
     scale, epsilon,
     ITERATIONS: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
+    """Each 4x4 matrix is held as four row vectors [BLOCK_T, 4]: column sums are elementwise adds
+    of the rows, row sums reduce only the 4 columns of one row (in-thread), and each
+    normalisation is one reciprocal per sum and four multiplies."""
+
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < tokens
     t64 = t.to(tl.int64)
     n = tl.arange(0, 4)
-    post = tl.load(post_ptr + t64[:, None] * stride_pt + n[None, :] * stride_pn, mask=t_ok[:, None], other=0.0)
+    ok = t_ok[:, None]
+    post = tl.load(post_ptr + t64[:, None] * stride_pt + n[None, :] * stride_pn, mask=ok, other=0.0)
     post = 2.0 * tl.sigmoid(tl.load(alpha_post_ptr) * scale * post.to(tl.float32) + tl.load(bias_post_ptr + n)[None, :])
-    tl.store(post_out_ptr + t64[:, None] * 4 + n[None, :], post.to(post_out_ptr.dtype.element_ty), mask=t_ok[:, None])
+    tl.store(post_out_ptr + t64[:, None] * 4 + n[None, :], post.to(post_out_ptr.dtype.element_ty), mask=ok)
 
-    i3 = n[None, :, None]
-    j3 = n[None, None, :]
-    t3 = t64[:, None, None]
-    ok3 = t_ok[:, None, None]
-    matrix = tl.load(res_ptr + t3 * stride_rt + i3 * stride_ri + j3 * stride_rj, mask=ok3, other=0.0).to(tl.float32)
-    matrix = tl.load(alpha_res_ptr) * scale * matrix + tl.load(bias_res_ptr + i3 * 4 + j3)
+    alpha = tl.load(alpha_res_ptr) * scale
+    rows = res_ptr + t64[:, None] * stride_rt + n[None, :] * stride_rj
+    r0 = alpha * tl.load(rows, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + n)[None, :]
+    r1 = alpha * tl.load(rows + stride_ri, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + 4 + n)[None, :]
+    r2 = alpha * tl.load(rows + 2 * stride_ri, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + 8 + n)[None, :]
+    r3 = alpha * tl.load(rows + 3 * stride_ri, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + 12 + n)[None, :]
     # The native amax spreads a NaN over its token's whole matrix; do the same.
-    nan_count = tl.sum(tl.sum((matrix != matrix).to(tl.int32), axis=2), axis=1)
-    maximum = tl.max(tl.max(matrix, axis=2), axis=1)
-    maximum = tl.where(nan_count > 0, float("nan"), maximum)
-    matrix = tl.exp(matrix - maximum[:, None, None])
+    has_nan = tl.sum(((r0 != r0) | (r1 != r1) | (r2 != r2) | (r3 != r3)).to(tl.int32), axis=1) > 0
+    maximum = tl.max(tl.maximum(tl.maximum(r0, r1), tl.maximum(r2, r3)), axis=1)
+    maximum = tl.where(has_nan, float("nan"), maximum)[:, None]
+    r0 = tl.exp(r0 - maximum)
+    r1 = tl.exp(r1 - maximum)
+    r2 = tl.exp(r2 - maximum)
+    r3 = tl.exp(r3 - maximum)
     for _ in tl.static_range(ITERATIONS):
-        matrix = matrix / (tl.sum(matrix, axis=1)[:, None, :] + epsilon)
-        matrix = matrix / (tl.sum(matrix, axis=2)[:, :, None] + epsilon)
-    tl.store(res_out_ptr + t3 * 16 + i3 * 4 + j3, matrix.to(res_out_ptr.dtype.element_ty), mask=ok3)
+        inv_col = 1.0 / (r0 + r1 + r2 + r3 + epsilon)
+        r0 = r0 * inv_col
+        r1 = r1 * inv_col
+        r2 = r2 * inv_col
+        r3 = r3 * inv_col
+        r0 = r0 * (1.0 / (tl.sum(r0, axis=1) + epsilon))[:, None]
+        r1 = r1 * (1.0 / (tl.sum(r1, axis=1) + epsilon))[:, None]
+        r2 = r2 * (1.0 / (tl.sum(r2, axis=1) + epsilon))[:, None]
+        r3 = r3 * (1.0 / (tl.sum(r3, axis=1) + epsilon))[:, None]
+    out = res_out_ptr + t64[:, None] * 16 + n[None, :]
+    dtype = res_out_ptr.dtype.element_ty
+    tl.store(out, r0.to(dtype), mask=ok)
+    tl.store(out + 4, r1.to(dtype), mask=ok)
+    tl.store(out + 8, r2.to(dtype), mask=ok)
+    tl.store(out + 12, r3.to(dtype), mask=ok)
 
 
 @triton.jit
@@ -68,41 +88,57 @@ def _pre_kernel(
     token = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < hidden
-    n = tl.arange(0, 4)
-    coeff = tl.sigmoid(
-        tl.load(alpha_ptr) * scale * tl.load(logits_ptr + token * stride_lt + n * stride_ln).to(tl.float32)
-        + tl.load(bias_ptr + n)
-    )
-    rows = tl.load(streams_ptr + token * stride_st + n[:, None] * stride_sn + c[None, :], mask=c_ok[None, :], other=0.0)
-    out = tl.sum(coeff[:, None] * rows.to(tl.float32), axis=0)
+    alpha = tl.load(alpha_ptr) * scale
+    out = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for n in tl.static_range(4):
+        coeff = tl.sigmoid(alpha * tl.load(logits_ptr + token * stride_lt + n * stride_ln).to(tl.float32)
+                           + tl.load(bias_ptr + n))
+        out += coeff * tl.load(streams_ptr + token * stride_st + n * stride_sn + c, mask=c_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + token * hidden + c, out.to(out_ptr.dtype.element_ty), mask=c_ok)
 
 
 @triton.jit
 def _logits_partial_kernel(
-    x_ptr, weight_ptr, modality_ptr, phi_ptr, partial_ptr, sumsq_ptr,
-    tokens, stride_xt, stride_wm, stride_phik,
-    STREAM_WIDTH: tl.constexpr, N_OUT: tl.constexpr, N_PAD: tl.constexpr, MULTI_MODAL: tl.constexpr,
+    x_ptr, modality_ptr, phi_ptr, partial_ptr, sumsq_ptr,
+    tokens, stride_xt, stride_phim,
+    STREAM_WIDTH: tl.constexpr, N_PAD: tl.constexpr, MULTI_MODAL: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    """Partial ``x[:, stream] @ phi_m[stream]`` and sum of squares for one (token block, stream).
+
+    ``phi_m = (w_m + 1) * phi`` has the norm weight of modality m folded in. Tokens arrive grouped
+    by modality, so a block usually needs one modality; a block across a boundary runs once per
+    modality present and keeps each token's own result.
+    """
+
+    t0 = tl.program_id(0) * BLOCK_T
     stream = tl.program_id(1)
+    t = t0 + tl.arange(0, BLOCK_T)
     t_ok = t < tokens
     t64 = t.to(tl.int64)
     k = tl.arange(0, BLOCK_K)
     n = tl.arange(0, N_PAD)
     if MULTI_MODAL:
-        w_rows = weight_ptr + tl.load(modality_ptr + t, mask=t_ok, other=0).to(tl.int64) * stride_wm
+        modality = tl.load(modality_ptr + t, mask=t_ok, other=0).to(tl.int32)
+        first = tl.load(modality_ptr + t0).to(tl.int32)
+        last = tl.load(modality_ptr + tl.minimum(t0 + BLOCK_T, tokens) - 1).to(tl.int32)
     else:
-        w_rows = weight_ptr + tl.zeros((BLOCK_T,), dtype=tl.int64)
+        modality = tl.zeros((BLOCK_T,), dtype=tl.int32)
+        first = 0
+        last = 0
     acc = tl.zeros((BLOCK_T, N_PAD), dtype=tl.float32)
     sumsq = tl.zeros((BLOCK_T,), dtype=tl.float32)
-    for k0 in tl.range(stream * STREAM_WIDTH, (stream + 1) * STREAM_WIDTH, BLOCK_K):
-        x = tl.load(x_ptr + t64[:, None] * stride_xt + (k0 + k)[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
-        w = tl.load(w_rows[:, None] + (k0 + k)[None, :]) + 1.0
-        phi = tl.load(phi_ptr + (k0 + k)[:, None] * stride_phik + n[None, :], mask=(n < N_OUT)[None, :], other=0.0)
-        sumsq += tl.sum(x * x, axis=1)
-        acc = tl.dot(x * w, phi, acc, input_precision=DOT_PRECISION)
+    for m in range(first, last + 1):
+        acc_m = tl.zeros((BLOCK_T, N_PAD), dtype=tl.float32)
+        sumsq = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        phi_rows = phi_ptr + m * stride_phim
+        for k0 in tl.range(stream * STREAM_WIDTH, (stream + 1) * STREAM_WIDTH, BLOCK_K):
+            x = tl.load(x_ptr + t64[:, None] * stride_xt + (k0 + k)[None, :], mask=t_ok[:, None], other=0.0)
+            x = x.to(tl.float32)
+            sumsq += tl.sum(x * x, axis=1)
+            acc_m = tl.dot(x, tl.load(phi_rows + (k0 + k)[:, None] * N_PAD + n[None, :]), acc_m,
+                           input_precision=DOT_PRECISION)
+        acc = tl.where((modality == m)[:, None], acc_m, acc)
     out = (stream * tokens + t64)
     tl.store(partial_ptr + out[:, None] * N_PAD + n[None, :], acc, mask=t_ok[:, None])
     tl.store(sumsq_ptr + out, sumsq, mask=t_ok)
@@ -126,7 +162,7 @@ def _logits_combine_kernel(
 
 
 def post_residual(post_logits, residual_logits, alpha_post, bias_post, alpha_residual, bias_residual, *, scale,
-                  iterations, epsilon, out_dtype, block_t: int = 64):
+                  iterations, epsilon, out_dtype, block_t: int = 256):
     tokens = post_logits.shape[0]
     if post_logits.shape != (tokens, 4) or residual_logits.shape != (tokens, 4, 4):
         raise ValueError(f"expected post [T,4] and residual [T,4,4], got {tuple(post_logits.shape)}, "
@@ -182,7 +218,7 @@ def apply_pre(streams, alpha, bias, logits, *, scale, out_dtype, block_c: int = 
 
 
 def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_precision,
-           block_t: int = 32, block_k: int = 128):
+           block_t: int = 64, block_k: int = 64):
     tokens, width = flattened.shape
     n_out = phi.shape[1]
     if phi.shape[0] != width or width % num_streams:
@@ -192,19 +228,21 @@ def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_p
     if block_k < 16:
         raise ValueError(f"stream width {stream_width} must be a multiple of 16")
     flattened = _unit_last_stride(flattened)
-    weight = norm_weight.reshape(-1, width).float().contiguous()
-    phi = phi.float().contiguous()
     n_pad = max(16, triton.next_power_of_2(n_out))
+    weight = norm_weight.reshape(-1, width).float()
+    # Fold each modality's norm weight into its own copy of phi (padded to n_pad columns).
+    phi_m = torch.zeros(weight.shape[0], width, n_pad, device=phi.device, dtype=torch.float32)
+    phi_m[:, :, :n_out] = (weight + 1.0)[:, :, None] * phi.float()[None]
     partial = torch.empty(num_streams, tokens, n_pad, device=flattened.device, dtype=torch.float32)
     sumsq = torch.empty(num_streams, tokens, device=flattened.device, dtype=torch.float32)
     out = torch.empty(tokens, n_out, device=flattened.device, dtype=torch.float32)
     if tokens == 0:
         return out
-    multi = modality_ids is not None
+    multi = modality_ids is not None and weight.shape[0] > 1
     _logits_partial_kernel[(triton.cdiv(tokens, block_t), num_streams)](
-        flattened, weight, modality_ids if multi else weight, phi, partial, sumsq,
-        tokens, flattened.stride(0), weight.stride(0), phi.stride(0),
-        STREAM_WIDTH=stream_width, N_OUT=n_out, N_PAD=n_pad, MULTI_MODAL=multi,
+        flattened, modality_ids if multi else phi_m, phi_m, partial, sumsq,
+        tokens, flattened.stride(0), phi_m.stride(0),
+        STREAM_WIDTH=stream_width, N_PAD=n_pad, MULTI_MODAL=multi,
         BLOCK_T=block_t, BLOCK_K=block_k, DOT_PRECISION=dot_precision, num_warps=4, num_stages=3,
     )
     _logits_combine_kernel[(triton.cdiv(tokens, 128),)](

@@ -111,8 +111,10 @@ def route(
         dot_precision=platform.dot_precision,
     )
     keys = topk_ids + (torch.arange(heads, device=gate.device, dtype=torch.int32) * num_experts).view(-1, 1, 1)
+    if heads * num_experts < torch.iinfo(torch.int16).max:
+        keys = keys.to(torch.int16)  # half the radix-sort passes of int32 keys
     sorted_keys, order = torch.sort(keys.view(-1), stable=True)
-    bounds = torch.arange(heads * num_experts + 1, device=gate.device, dtype=torch.int32)
+    bounds = torch.arange(heads * num_experts + 1, device=gate.device, dtype=sorted_keys.dtype)
     offsets = torch.searchsorted(sorted_keys, bounds, out_int32=True)
     gather_ids, probs, slots = routing_triton.finalize(order, topk_probs, x_heads.shape[0], top_k)
     return Routes(gather_ids, probs, offsets, slots.view(heads, x_heads.shape[0], top_k), topk_ids, topk_probs)
