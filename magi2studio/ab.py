@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,12 @@ from .runs import check_outputs_root
 
 REPORT_FORMAT = "magi2studio-ab-report/1"
 SIDES = ("control", "candidate")
+# process: a fresh interpreter per run (env read at import reaches the engine; ~45 s start
+# each on the 2-core dev host under load). restart: this process, the side's env set and a
+# new engine per run (only what the engine reads at start sees the env; ~0.5-0.8 s start).
+ISOLATIONS = {"process": "a fresh process per run: env overrides are set before import, the engine starts cold",
+              "restart": "one process, the side's env set and a new engine started for every run: env read at "
+                         "engine start reaches it, env read at import time does not"}
 MAX_PAIRS = 100
 BIT_IDENTICAL = "bit-identical"
 
@@ -155,32 +162,67 @@ def run_one_in_child(spec: dict[str, Any], env: dict[str, str], on_line: Callabl
     return result
 
 
-def child_main(spec_text: str) -> int:
-    """In the fresh process: start the engine, run, print the run folder as a JSON line."""
+def run_spec(spec: dict[str, Any], on_line: Callable[[dict], None], cancel: threading.Event | None) -> dict[str, Any]:
+    """Start a new engine, run the spec's request, close the engine; return what the report needs."""
 
     from .engines import get_engine
     from .runs import execute
 
-    spec = json.loads(spec_text)
     request = build_request(**spec["request"])
     layout = parse_layout(spec["layout"])
 
-    def report(progress) -> None:
-        print(json.dumps({"event": "progress", "stage": progress.stage, "step": progress.step,
-                          "total": progress.total, "message": progress.message}), flush=True)
+    def relay(progress) -> None:
+        on_line({"event": "progress", "stage": progress.stage, "step": progress.step, "total": progress.total,
+                 "message": progress.message})
 
     engine = get_engine(spec["engine"], **spec["engine_options"])
     try:
         t0 = time.perf_counter()
-        engine.start(layout)  # timed here: the cost of a cold engine per run
+        engine.start(layout)  # timed here: the cost of a new engine per run
         start_ms = (time.perf_counter() - t0) * 1e3
-        run = execute(engine, request, layout, Path(spec["out"]), on_progress=report, extra=spec["extra"])
+        run = execute(engine, request, layout, Path(spec["out"]), on_progress=relay, cancel=cancel,
+                      extra=spec["extra"])
     finally:
         engine.close()
     timing = run.manifest["timing"]
-    print(json.dumps({"event": "done", "run": run.path.name, "hashes": run.manifest["hashes"],
-                      "gate_ms": timing["stages"].get("preview", {}).get("gate_ms"),
-                      "engine_start_ms": start_ms}), flush=True)
+    return {"event": "done", "run": run.path.name, "hashes": run.manifest["hashes"],
+            "gate_ms": timing["stages"].get("preview", {}).get("gate_ms"), "engine_start_ms": start_ms}
+
+
+@contextmanager
+def env_overrides(env: dict[str, str]):
+    """Set ``env`` in this process for the block, then put every variable back as it was."""
+
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_one_restarted(spec: dict[str, Any], env: dict[str, str], on_line: Callable[[dict], None],
+                      cancel: threading.Event | None) -> dict[str, Any]:
+    """In this process, with the side's env set, on a new engine (what an engine reads at start sees it)."""
+
+    try:
+        with env_overrides(env):
+            return run_spec(spec, on_line, cancel)
+    except (InputError, Cancelled):
+        raise
+    except Exception as err:  # reported as this run's failure; the other runs go on
+        raise EngineError(f"{err.__class__.__name__}: {err}") from err
+
+
+def child_main(spec_text: str) -> int:
+    """In the fresh process: run the spec, printing progress and the result as JSON lines."""
+
+    result = run_spec(json.loads(spec_text), lambda line: print(json.dumps(line), flush=True), None)
+    print(json.dumps(result), flush=True)
     return 0
 
 
@@ -228,19 +270,23 @@ def compare(runs: list[AbRun]) -> dict[str, Any]:
 
 
 def run_ab(base: Request, sides: tuple[Side, Side], pairs: int, *, engine_name: str, out: Path,
-           on_event: EventCallback | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
+           isolation: str = "process", on_event: EventCallback | None = None,
+           cancel: threading.Event | None = None) -> dict[str, Any]:
     """Validate everything, run the pairs, write ``ab.json`` and ``ab.md``; return the report."""
 
     from .engines import get_engine
     from .tiers import get_tier
 
     check_pairs(pairs)
-    out = check_outputs_root(Path(out))
-    runs_root = check_outputs_root(out / "runs")
+    if isolation not in ISOLATIONS:
+        raise InputError("isolation", f"unknown isolation {isolation!r}", f"use {' or '.join(ISOLATIONS)}")
+    run_one = run_one_in_child if isolation == "process" else run_one_restarted
     requests = {side.label: side_request(base, side) for side in sides}
     for side in sides:
         engine = get_engine(engine_name, **side.engine_options)
         engine.check_layout(parse_layout(side.layout), get_tier(requests[side.label].tier))
+    out = check_outputs_root(Path(out))
+    runs_root = check_outputs_root(out / "runs")
     by_label = {side.label: side for side in sides}
     runs = plan(sides, pairs)
     emit = on_event or (lambda kind, run, payload: None)
@@ -254,11 +300,11 @@ def run_ab(base: Request, sides: tuple[Side, Side], pairs: int, *, engine_name: 
         emit("start", run, None)
         t0 = time.perf_counter()
         try:
-            result = run_one_in_child(spec, side.env, lambda line: emit("progress", run, line), cancel)
+            result = run_one(spec, side.env, lambda line: emit("progress", run, line), cancel)
         except Cancelled:
             for left in runs[run.order:]:
                 left.status = "cancelled"
-            write_ab_reports(out, build_report(base, sides, pairs, engine_name, runs, started))
+            write_ab_reports(out, build_report(base, sides, pairs, engine_name, isolation, runs, started))
             raise
         except EngineError as err:
             run.status, run.error = "failed", str(err)
@@ -268,17 +314,17 @@ def run_ab(base: Request, sides: tuple[Side, Side], pairs: int, *, engine_name: 
             run.gate_ms, run.engine_start_ms = result["gate_ms"], result["engine_start_ms"]
         run.wall_s = time.perf_counter() - t0
         emit("done", run, None)
-        write_ab_reports(out, build_report(base, sides, pairs, engine_name, runs, started))
-    return build_report(base, sides, pairs, engine_name, runs, started)
+        write_ab_reports(out, build_report(base, sides, pairs, engine_name, isolation, runs, started))
+    return build_report(base, sides, pairs, engine_name, isolation, runs, started)
 
 
-def build_report(base: Request, sides: tuple[Side, Side], pairs: int, engine_name: str, runs: list[AbRun],
-                 started: str) -> dict[str, Any]:
+def build_report(base: Request, sides: tuple[Side, Side], pairs: int, engine_name: str, isolation: str,
+                 runs: list[AbRun], started: str) -> dict[str, Any]:
     return {
         "format": REPORT_FORMAT,
         "started": started,
         "engine": engine_name,
-        "isolation": "a fresh process per run: env overrides are set before import, the engine starts cold",
+        "isolation": {"mode": isolation, "what_it_means": ISOLATIONS[isolation]},
         "request": base.model_dump(mode="json"),
         "pairs": pairs,
         "sides": {side.label: side.describe() for side in sides},
@@ -292,7 +338,7 @@ def report_markdown(report: dict[str, Any]) -> str:
     lines = ["# A/B report", "",
              f"- request: {request['mode']} {request['tier']} seed {request['seed']} steps {request['steps'] or 'default'}"
              f", engine {report['engine']}, {report['pairs']} pairs, order C, K, C, K, ...",
-             f"- isolation: {report['isolation']}"]
+             f"- isolation: {report['isolation']['mode']} ({report['isolation']['what_it_means']})"]
     for label, side in report["sides"].items():
         lines.append(f"- {label}: layout {side['layout']}, env {side['env'] or '{}'}, engine options "
                      f"{side['engine_options'] or '{}'}, request overrides {side['request_overrides'] or '{}'}")
@@ -335,7 +381,7 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--run-one":
         try:
             sys.exit(child_main(sys.argv[2]))
-        except (InputError, EngineError) as err:
+        except Exception as err:  # the parent reads this line as the run's failure
             print(f"{err.__class__.__name__}: {err}", file=sys.stderr)
             sys.exit(1)
     print("usage: python -m magi2studio.ab --run-one SPEC_JSON (used by magi2studio ab)", file=sys.stderr)

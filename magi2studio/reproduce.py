@@ -27,7 +27,8 @@ from typing import Any
 
 from .errors import Cancelled, InputError
 from .layouts import Layout, parse_layout
-from .runs import check_outputs_root, execute, is_complete
+from .engines.base import ProgressCallback
+from .runs import RunFolder, check_outputs_root, execute, is_complete
 from .samples import Sample, SampleSet
 
 REFERENCE_FORMAT = "magi2studio-reference/1"
@@ -148,21 +149,21 @@ def timing_checks(reference_entry: dict[str, Any], manifest: dict[str, Any], gat
     return checks
 
 
-def reference_from_report(report: dict[str, Any], out: Path, title: str) -> dict[str, Any]:
+def reference_from_report(report: dict[str, Any], title: str) -> dict[str, Any]:
     """A reference recording the full hashes and gate ms of a report's completed runs."""
 
     host = socket.gethostname()
     samples = {}
     for row in report["samples"]:
-        if not row["run_name"]:
+        if not row["run_path"]:
             continue
-        manifest = json.loads((Path(out) / "runs" / row["run_name"] / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads((Path(row["run_path"]) / "manifest.json").read_text(encoding="utf-8"))
         conditions = {k: v for k, v in run_conditions(manifest).items() if v is not None}
         source = f"run folder {row['run_name']} on {host}, {manifest.get('created')}"
         entry = {"conditions": conditions, "hashes": {k: manifest["hashes"][k] for k in HASH_KEYS},
                  "hash_source": source, "timing": []}
         if row["gate_ms"] is not None:
-            entry["timing"].append({"layout": conditions["layout"], "gate_ms": round(row["gate_ms"], 3),
+            entry["timing"].append({"layout": conditions["layout"], "gate_ms": row["gate_ms"],
                                     "source": source})
         samples[row["name"]] = entry
     if not samples:
@@ -187,6 +188,7 @@ class SampleResult:
     layout: str
     steps: int | None = None
     run_name: str | None = None
+    run_path: str | None = None
     manifest: dict[str, Any] | None = None
     gate_ms: float | None = None
     error: str | None = None
@@ -194,24 +196,34 @@ class SampleResult:
     verdict_notes: list[str] = field(default_factory=list)
     timing: list[dict] = field(default_factory=list)
 
-    def row(self) -> dict[str, Any]:
+    def row(self, out: Path) -> dict[str, Any]:
+        """The report's row; the poster path is relative to the report's folder."""
+
         row = asdict(self)
         manifest = row.pop("manifest")
         row["frames_sha256"] = manifest["hashes"]["frames_sha256"] if manifest else None
         row["pcm_sha256"] = manifest["hashes"]["pcm_sha256"] if manifest else None
-        row["poster"] = f"runs/{self.run_name}/poster.jpg" if manifest else None
+        row["poster"] = os.path.relpath(Path(self.run_path) / "poster.jpg", out) if manifest else None
         return row
 
 
-def run_key(sample: Sample, layout: Layout, engine_name: str, engine_options: dict[str, Any]) -> str:
-    """What makes two runs of an entry the same run: the request, layout and engine."""
+def run_key(request: dict[str, Any], layout_name: str, engine_name: str) -> str:
+    """What makes two runs of an entry the same run: the whole request, the layout and the engine."""
 
-    text = json.dumps({"request": sample.request.model_dump(mode="json"), "layout": layout.name,
-                       "engine": engine_name, "options": engine_options}, sort_keys=True, default=str)
+    text = json.dumps({"request": request, "layout": layout_name, "engine": engine_name}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def manifest_key(manifest: dict[str, Any]) -> str | None:
+    try:
+        return run_key(manifest["request"], manifest["layout"]["name"], manifest["engine"]["name"])
+    except (KeyError, TypeError):
+        return None
+
+
 def find_complete_run(runs_root: Path, key: str) -> Path | None:
+    """A complete run folder of exactly this request, layout and engine, whoever wrote it."""
+
     if not runs_root.is_dir():
         return None
     for folder in sorted(runs_root.iterdir()):
@@ -221,12 +233,14 @@ def find_complete_run(runs_root: Path, key: str) -> Path | None:
             manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if manifest.get("reproduce", {}).get("key") == key:
+        if manifest_key(manifest) == key:
             return folder
     return None
 
 
 EventCallback = Callable[[str, "SampleResult | None", Any], None]
+# Runs one entry into a run folder: (sample, manifest extra, on_progress, cancel) -> RunFolder.
+RunEntry = Callable[[Sample, dict[str, Any], ProgressCallback, "threading.Event | None"], RunFolder]
 
 
 def judge(result: SampleResult, reference: dict[str, Any] | None) -> None:
@@ -244,20 +258,32 @@ def judge(result: SampleResult, reference: dict[str, Any] | None) -> None:
 
 
 def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: Path,
-              engine_options: dict[str, Any] | None = None, reference: dict[str, Any] | None = None,
+              engine_options: dict[str, Any] | None = None, runs_root: Path | None = None,
+              run_entry: RunEntry | None = None, reference: dict[str, Any] | None = None,
               reference_path: str | None = None, on_event: EventCallback | None = None,
               cancel: threading.Event | None = None) -> dict[str, Any]:
-    """Run every entry not already done; return the report (also written under ``out``)."""
+    """Run every entry not already done; return the report (also written under ``out``).
+
+    Runs go to ``runs_root`` (default ``out/runs``) on an engine of this process, or through
+    ``run_entry`` when the caller owns the engine (the studio's shared slot).
+    """
 
     from .engines import get_engine
     from .tiers import get_tier
 
-    engine_options = dict(engine_options or {})
+    close = lambda: None  # noqa: E731
+    if run_entry is None:
+        engine = get_engine(engine_name, **dict(engine_options or {}))
+        for tier in sorted({s.request.tier for s in sample_set.samples}):
+            engine.check_layout(layout, get_tier(tier))
+        close = engine.close
+
+        def run_entry(sample, extra, on_progress, cancel_event):
+            return execute(engine, sample.request, layout, runs_root, cancel=cancel_event, extra=extra,
+                           on_progress=on_progress)
+
     out = check_outputs_root(Path(out))
-    runs_root = check_outputs_root(out / "runs")
-    engine = get_engine(engine_name, **engine_options)
-    for tier in sorted({s.request.tier for s in sample_set.samples}):
-        engine.check_layout(layout, get_tier(tier))
+    runs_root = check_outputs_root(Path(runs_root) if runs_root else out / "runs")
     results: list[SampleResult] = [
         SampleResult(s.index, s.name, "skipped", s.mode, sample_set.seed, sample_set.seed_policy, "-", layout.name,
                      error=s.reason) for s in sample_set.skipped]
@@ -269,7 +295,7 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
             request = sample.request
             result = SampleResult(sample.index, sample.name, "ran", request.mode, request.seed, sample.seed_source,
                                   request.tier, layout.name, steps=request.steps)
-            key = run_key(sample, layout, engine_name, engine_options)
+            key = run_key(request.model_dump(mode="json"), layout.name, engine_name)
             existing = find_complete_run(runs_root, key)
             emit("start", result, None)
             try:
@@ -277,13 +303,12 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
                     result.status, folder = "resumed", existing
                     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
                 else:
-                    extra = {"reproduce": {"key": key, "sample": sample.name, "index": sample.index,
+                    extra = {"reproduce": {"sample": sample.name, "index": sample.index,
                                            "sample_set": str(sample_set.path), "seed_policy": sample_set.seed_policy,
                                            "base_seed": sample_set.seed, "seed_source": sample.seed_source}}
-                    run = execute(engine, request, layout, runs_root, cancel=cancel, extra=extra,
-                                  on_progress=lambda progress: emit("progress", result, progress))
+                    run = run_entry(sample, extra, lambda progress: emit("progress", result, progress), cancel)
                     folder, manifest = run.path, run.manifest
-                result.run_name, result.manifest = folder.name, manifest
+                result.run_name, result.run_path, result.manifest = folder.name, str(folder), manifest
                 result.steps = manifest.get("resolved", {}).get("steps", request.steps)
                 result.gate_ms = manifest["timing"]["stages"].get("preview", {}).get("gate_ms")
                 judge(result, reference)
@@ -298,10 +323,10 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
                 result.status, result.error = "failed", f"{err.__class__.__name__}: {err}"
             results.append(result)
             emit("done", result, None)
-            write_reports(out, build_report(sample_set, engine_name, layout, results, reference, reference_path))
+            write_reports(out, build_report(sample_set, engine_name, layout, results, reference, reference_path, out))
     finally:
-        engine.close()
-        report = build_report(sample_set, engine_name, layout, results, reference, reference_path)
+        close()
+        report = build_report(sample_set, engine_name, layout, results, reference, reference_path, out)
         write_reports(out, report)
     return report
 
@@ -326,8 +351,8 @@ def uncheckable_notes(engine_name: str, reference: dict[str, Any] | None) -> lis
 
 
 def build_report(sample_set: SampleSet, engine_name: str, layout: Layout, results: list[SampleResult],
-                 reference: dict[str, Any] | None, reference_path: str | None) -> dict[str, Any]:
-    rows = [r.row() for r in sorted(results, key=lambda r: r.index)]
+                 reference: dict[str, Any] | None, reference_path: str | None, out: Path) -> dict[str, Any]:
+    rows = [r.row(out) for r in sorted(results, key=lambda r: r.index)]
     count = lambda key, value: sum(1 for r in rows if r[key] == value)  # noqa: E731
     return {
         "format": REPORT_FORMAT,

@@ -19,6 +19,9 @@ def register(sub) -> None:
     parser.add_argument("--candidate", action="append", default=[], metavar="SETTING", help="as --control")
     parser.add_argument("--layout", default="sp1-cfg1", help="the layout of both sides unless one sets layout=")
     parser.add_argument("--engine", default="embedded", help="embedded or vllm-omni")
+    parser.add_argument("--isolation", choices=("process", "restart"), default="process",
+                        help="process: a fresh interpreter per run (env read at import reaches the engine); "
+                             "restart: this process with a new engine per run (faster; env read at engine start only)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"report and runs folder (default {DEFAULT_OUT})")
     parser.set_defaults(func=run)
 
@@ -38,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
                 else run.error
             print(f"[{run.order + 1}/{2 * pairs}] {run.side} #{run.pair + 1}: {run.status}  {detail}", flush=True)
 
-    report = run_ab(request, sides, pairs, engine_name=args.engine, out=out, on_event=show)
+    report = run_ab(request, sides, pairs, engine_name=args.engine, out=out, isolation=args.isolation, on_event=show)
     timing = report["timing"]
     print(f"outputs: {report['identity']['verdict']}")
     if "median_ratio" in timing:

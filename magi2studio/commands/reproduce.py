@@ -66,15 +66,15 @@ def run(args: argparse.Namespace) -> int:
                 line += f"  {result.error}"
             print(line, flush=True)
 
-    for skipped in sample_set.skipped:
-        print(f"skipped {skipped.name}: {skipped.reason}", file=sys.stderr)
     report = reproduce(sample_set, engine_name=args.engine, layout=layout, out=out, reference=reference,
                        reference_path=args.expect, on_event=show)
+    for skipped in sample_set.skipped:
+        print(f"skipped {skipped.name}: {skipped.reason}", file=sys.stderr)
     summary = report["summary"]
     print("summary: " + ", ".join(f"{k} {v}" for k, v in summary.items() if v))
     print(f"report: {out / 'report.md'} ({out / 'report.html'}, {out / 'report.json'})")
     if write_to is not None:
-        recorded = reference_from_report(report, out, title=f"baseline recorded from {sample_set.path}")
+        recorded = reference_from_report(report, title=f"baseline recorded from {sample_set.path}")
         write_atomic(write_to, json.dumps(recorded, indent=2) + "\n")
         print(f"reference written: {write_to}")
     return min(summary["failed"], MAX_EXIT)
