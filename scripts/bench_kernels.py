@@ -38,10 +38,12 @@ DTYPE = torch.bfloat16  # fp16 under --smoke: the interpreter has no bf16 atomic
 SHAPES = [("ep4_local_272p", 14808, 3), ("full_heads_272p", 15015, 12), ("ep4_local_540p", 58000, 3)]
 SMOKE_SHAPES = [("smoke_a", 40, 3), ("smoke_b", 33, 2)]
 W13_SWEEP = [
-    GemmConfig(128, 128, 64, 8, 3, 5), GemmConfig(128, 128, 64, 8, 4, 5), GemmConfig(128, 128, 64, 8, 3, 1),
-    GemmConfig(128, 128, 64, 8, 3, 10), GemmConfig(128, 64, 64, 4, 4, 5), GemmConfig(128, 64, 64, 8, 4, 10),
-    GemmConfig(64, 128, 64, 4, 4, 5), GemmConfig(128, 128, 128, 8, 2, 5), GemmConfig(64, 64, 64, 4, 4, 5),
-    GemmConfig(128, 128, 64, 8, 2, 10), GemmConfig(128, 64, 128, 8, 3, 10), GemmConfig(64, 128, 64, 4, 3, 10),
+    # block_k < 256: flattened (n-block, k-step) loop; block_k == 256: x tile resident.
+    GemmConfig(128, 128, 64, 8, 3, 10), GemmConfig(128, 128, 64, 8, 4, 5), GemmConfig(128, 128, 128, 8, 2, 5),
+    GemmConfig(64, 64, 64, 4, 4, 5), GemmConfig(128, 64, 128, 8, 3, 10),
+    GemmConfig(128, 64, 256, 8, 2, 20), GemmConfig(128, 64, 256, 8, 3, 20), GemmConfig(128, 64, 256, 8, 2, 10),
+    GemmConfig(64, 64, 256, 4, 2, 20), GemmConfig(64, 128, 256, 4, 2, 10), GemmConfig(128, 128, 256, 8, 1, 10),
+    GemmConfig(128, 32, 256, 4, 3, 40), GemmConfig(64, 64, 256, 4, 3, 20),
 ]
 W2_SWEEP = [
     GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4), GemmConfig(128, 128, 64, 4, 4),

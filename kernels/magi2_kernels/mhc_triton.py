@@ -42,15 +42,15 @@ def _post_residual_kernel(
     r2 = tl.exp(r2 - maximum)
     r3 = tl.exp(r3 - maximum)
     for _ in tl.static_range(ITERATIONS):
-        inv_col = 1.0 / (r0 + r1 + r2 + r3 + epsilon)
+        inv_col = tl.fdiv(1.0, r0 + r1 + r2 + r3 + epsilon, ieee_rounding=False)
         r0 = r0 * inv_col
         r1 = r1 * inv_col
         r2 = r2 * inv_col
         r3 = r3 * inv_col
-        r0 = r0 * (1.0 / (tl.sum(r0, axis=1) + epsilon))[:, None]
-        r1 = r1 * (1.0 / (tl.sum(r1, axis=1) + epsilon))[:, None]
-        r2 = r2 * (1.0 / (tl.sum(r2, axis=1) + epsilon))[:, None]
-        r3 = r3 * (1.0 / (tl.sum(r3, axis=1) + epsilon))[:, None]
+        r0 = r0 * tl.fdiv(1.0, tl.sum(r0, axis=1) + epsilon, ieee_rounding=False)[:, None]
+        r1 = r1 * tl.fdiv(1.0, tl.sum(r1, axis=1) + epsilon, ieee_rounding=False)[:, None]
+        r2 = r2 * tl.fdiv(1.0, tl.sum(r2, axis=1) + epsilon, ieee_rounding=False)[:, None]
+        r3 = r3 * tl.fdiv(1.0, tl.sum(r3, axis=1) + epsilon, ieee_rounding=False)[:, None]
     out = res_out_ptr + t64[:, None] * 16 + n[None, :]
     dtype = res_out_ptr.dtype.element_ty
     tl.store(out, r0.to(dtype), mask=ok)
@@ -162,8 +162,10 @@ def _logits_combine_kernel(
 
 
 def post_residual(post_logits, residual_logits, alpha_post, bias_post, alpha_residual, bias_residual, *, scale,
-                  iterations, epsilon, out_dtype, block_t: int = 256):
+                  iterations, epsilon, out_dtype):
     tokens = post_logits.shape[0]
+    # Enough programs to fill the GPU at model sizes (15k tokens), 256 tokens each at large T.
+    block_t = max(32, min(256, triton.next_power_of_2(triton.cdiv(max(tokens, 1), 528))))
     if post_logits.shape != (tokens, 4) or residual_logits.shape != (tokens, 4, 4):
         raise ValueError(f"expected post [T,4] and residual [T,4,4], got {tuple(post_logits.shape)}, "
                          f"{tuple(residual_logits.shape)}")

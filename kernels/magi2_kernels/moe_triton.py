@@ -61,30 +61,45 @@ def _w13_swiglu_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     offs_n = tl.arange(0, BLOCK_N)
     rows64 = rows.to(tl.int64)
-    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # One flattened (n-block, k-step) loop so loads stay in flight across n-block boundaries
-    # (K is only 256); the epilogue runs on the last k-step of each n-block.
-    for step in tl.range(0, N_PER_PROGRAM * K_STEPS):
-        k0 = (step % K_STEPS) * BLOCK_K
-        n0 = (group * N_PER_PROGRAM + step // K_STEPS) * BLOCK_N
-        a = tl.load(x_rows[:, None] + (k0 + offs_k)[None, :] * stride_xd, mask=row_ok[:, None], other=0.0)
-        w_ptrs = w_base + (k0 + offs_k)[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
-        gate = tl.dot(a, tl.load(w_ptrs), gate)
-        up = tl.dot(a, tl.load(w_ptrs + up_offset), up)
-        if step % K_STEPS == K_STEPS - 1:
-            g = tl.minimum(gate, 7.0)
-            u = tl.minimum(tl.maximum(up, -7.0), 7.0)
-            # sigmoid via the approximate divide (div.full.f32, 2 ulp): the result is rounded to
-            # bf16 next, and the IEEE divide is the epilogue's most expensive instruction.
-            h = tl.fdiv(g * (u + 1.0), 1.0 + tl.exp(-1.702 * g), ieee_rounding=False)
-            tl.store(
-                hidden_ptr + rows64[:, None] * D_EXPERT + (n0 + offs_n)[None, :],
-                h.to(hidden_ptr.dtype.element_ty),
-                mask=row_ok[:, None],
-            )
-            gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if K_STEPS == 1:
+        # BLOCK_K == d_head: the x tile is loaded once and stays resident while the weight
+        # n-blocks stream through the pipelined loop.
+        a = tl.load(x_rows[:, None] + offs_k[None, :] * stride_xd, mask=row_ok[:, None], other=0.0)
+        for j in tl.range(0, N_PER_PROGRAM):
+            n0 = (group * N_PER_PROGRAM + j) * BLOCK_N
+            w_ptrs = w_base + offs_k[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
+            gate = tl.dot(a, tl.load(w_ptrs))
+            up = tl.dot(a, tl.load(w_ptrs + up_offset))
+            _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, n0 + offs_n, D_EXPERT)
+    else:
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # One flattened (n-block, k-step) loop so loads stay in flight across n-block boundaries
+        # (K is only 256); the epilogue runs on the last k-step of each n-block.
+        for step in tl.range(0, N_PER_PROGRAM * K_STEPS):
+            k0 = (step % K_STEPS) * BLOCK_K
+            n0 = (group * N_PER_PROGRAM + step // K_STEPS) * BLOCK_N
+            a = tl.load(x_rows[:, None] + (k0 + offs_k)[None, :] * stride_xd, mask=row_ok[:, None], other=0.0)
+            w_ptrs = w_base + (k0 + offs_k)[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
+            gate = tl.dot(a, tl.load(w_ptrs), gate)
+            up = tl.dot(a, tl.load(w_ptrs + up_offset), up)
+            if step % K_STEPS == K_STEPS - 1:
+                _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, n0 + offs_n, D_EXPERT)
+                gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, cols, D_EXPERT: tl.constexpr):
+    """Clamped SwiGLU7 on the two fp32 accumulators, in registers; stores the hidden tile."""
+
+    g = tl.minimum(gate, 7.0)
+    u = tl.minimum(tl.maximum(up, -7.0), 7.0)
+    # sigmoid via the approximate divide (div.full.f32, 2 ulp): the result is rounded to bf16
+    # next, and the IEEE divide is the epilogue's most expensive instruction.
+    h = tl.fdiv(g * (u + 1.0), 1.0 + tl.exp(-1.702 * g), ieee_rounding=False)
+    tl.store(hidden_ptr + rows64[:, None] * D_EXPERT + cols[None, :], h.to(hidden_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
 
 
 @triton.jit

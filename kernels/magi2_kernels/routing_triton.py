@@ -26,8 +26,8 @@ def _topk_kernel(
     logits = tl.zeros((BLOCK_T, E), dtype=tl.float32)
     for d0 in tl.range(0, D, BLOCK_D):
         xd = tl.load(x_rows[:, None] + (d0 + d)[None, :] * stride_xd, mask=t_ok[:, None], other=0.0).to(tl.float32)
-        w = tl.load(gate_rows[None, :] + (d0 + d)[:, None])
-        logits = tl.dot(xd, w, logits, input_precision=DOT_PRECISION)
+        w = tl.load(gate_rows[:, None] + (d0 + d)[None, :])  # [E, BLOCK_D]: coalesced along d
+        logits = tl.dot(xd, tl.trans(w), logits, input_precision=DOT_PRECISION)
     scores = tl.sigmoid(logits)
     selection = scores
     if HAS_BIAS:
