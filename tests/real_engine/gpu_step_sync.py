@@ -44,8 +44,15 @@ def main(out_dir: str) -> None:
 
     from magi2studio import plugin, timing
 
+    class MarkedTimer(plugin.WorkerStepTimer):
+        """The plugin's timer, with its after-the-loop read marked in the profile."""
+
+        def end_sample(self):
+            with torch.profiler.record_function("magi2studio.end_sample"):
+                return super().end_sample()
+
     timing.install_step_hooks(SamplerShapedLoop)
-    timing.set_process_timer(plugin.WorkerStepTimer(Path(out_dir), "preview", None))
+    timing.set_process_timer(MarkedTimer(Path(out_dir), "preview", None))
     steps = 12
     weight = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64
 
@@ -58,17 +65,23 @@ def main(out_dir: str) -> None:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         loop.sample(Input)
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    events = prof.events()
+    (after_loop,) = [e for e in events if e.name == "magi2studio.end_sample"]
     sync_names = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
-    records = [e for e in events if e.name == "cudaEventRecord"]
-    last_record = records[-1].time_range.start
     syncs = [e for e in events if e.name in sync_names]
+
+    def in_end_sample(event) -> bool:
+        return after_loop.time_range.start <= event.time_range.start <= after_loop.time_range.end
+
+    runtime_names = sorted({e.name for e in events if e.name.startswith("cuda")})
     rows = timing.read_jsonl(Path(out_dir) / "steps-rank0.jsonl")
     print(json.dumps({
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "steps": steps,
-        "event_records": len(records),
-        "syncs_before_last_event_record": [e.name for e in syncs if e.time_range.start < last_record],
-        "syncs_after_loop": [e.name for e in syncs if e.time_range.start >= last_record],
+        "event_records": sum(1 for e in events if "EventRecord" in e.name),
+        "syncs_in_loop": [e.name for e in syncs if e.time_range.start < after_loop.time_range.start],
+        "syncs_in_end_sample": [e.name for e in syncs if in_end_sample(e)],
+        "syncs_after_sample": [e.name for e in syncs if e.time_range.start > after_loop.time_range.end],
+        "cuda_runtime_calls_seen": runtime_names,
         "steps_jsonl_rows_per_sample": len(rows) // 2,
         "ms_per_step_last_sample": [round(r["ms"], 3) for r in rows[steps:]],
     }))

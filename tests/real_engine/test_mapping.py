@@ -29,7 +29,7 @@ from magi2studio.request import build_request
 from magi2studio.tiers import get_tier
 
 pipeline_magi2 = pytest.importorskip("vllm_omni.diffusion.models.magi2.pipeline_magi2")
-from vllm_omni.diffusion.data import DiffusionOutput, DiffusionParallelConfig, OmniDiffusionConfig  # noqa: E402
+from vllm_omni.diffusion.data import DiffusionParallelConfig, OmniDiffusionConfig  # noqa: E402
 from vllm_omni.diffusion.output_formatter import (  # noqa: E402
     format_diffusion_outputs,
     normalize_diffusion_postprocess_output,

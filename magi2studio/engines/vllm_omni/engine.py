@@ -1,8 +1,8 @@
 """``engine: vllm-omni`` behind the common interface.
 
 One child process (:mod:`.process`) owns one ``Omni`` for one set of start options (layout,
-VAE patch parallelism, compile flags, deterministic mode); a request needing other options
-restarts it. The weights check runs before any start. The per-rank step records come from
+VAE patch parallelism, compile flags, deterministic mode); a new layout stops it, and a
+request needing other options restarts it. The weights check runs before any start. The per-rank step records come from
 the worker plugin through a metrics folder the child passes to its workers by env.
 """
 
@@ -61,6 +61,7 @@ class VllmOmniEngine(Engine):
         self.request_timeout_s = request_timeout_s
         self.gpu_gib = gpu_gib
         self._process: EngineProcess | None = None
+        self._layout: Layout | None = None
         self._options: params.StartOptions | None = None
         self._loads = 0
         self._cancel_file: Path | None = None
@@ -99,22 +100,37 @@ class VllmOmniEngine(Engine):
     # The engine child -----------------------------------------------------------------------
     @property
     def layout(self) -> Layout | None:
-        return self._options.layout if self._options else None
+        return self._layout
 
     def start(self, layout: Layout) -> bool:
-        tier = get_tier("272p")
-        return self._ensure(params.StartOptions(layout, layout.vae_patch_parallel(tier), params.DEFAULT_COMPILE,
-                                                True, platform_name()), tier.name)
+        """Select ``layout``: stop a child of another layout and check the weights.
 
-    def _ensure(self, options: params.StartOptions, tier_name: str) -> bool:
-        if self._process is not None and self._process.alive and self._options == options:
+        The child itself starts at the first request, because the compile mode and the
+        deterministic flag (fixed when ``Omni`` is built) come with the request; starting
+        here with defaults would cost a second 114B-model load whenever they differ.
+        """
+
+        if layout == self._layout:
             return False
         self.close()
+        self._check_weights(get_tier("272p").name)
+        self._layout = layout
+        return True
+
+    def _check_weights(self, tier_name: str) -> None:
         report = check_weights(self.checkpoint_root, tier_name)
         if not report.ok:
             raise InputError("MAGI2_CKPT_ROOT", f"{self.checkpoint_root} is incomplete: " + "; ".join(
                 f"{path} {problem}" for path, problem in report.problems),
                 "download the missing files (magi2studio weights check lists them), or point MAGI2_CKPT_ROOT elsewhere")
+
+    def _ensure(self, options: params.StartOptions, tier_name: str) -> bool:
+        """Have a live child for exactly these start options; (re)start it if needed."""
+
+        if self._process is not None and self._process.alive and self._options == options:
+            return False
+        self._stop_child()
+        self._check_weights(tier_name)
         self._loads += 1
         metrics_dir = self.work_dir / f"engine-{self._loads}" / "metrics"
         metrics_dir.mkdir(parents=True)
@@ -133,7 +149,10 @@ class VllmOmniEngine(Engine):
                  cancel: threading.Event | None = None) -> Generation:
         caps = detect()
         tier = params.check_request(request, caps)
-        layout = self.layout or Layout()
+        layout = self._layout
+        if layout is None:
+            raise InputError("layout", "no layout was selected for the vllm-omni engine",
+                             "call start(layout) first (magi2studio.runs.execute does)")
         self.check_layout(layout, tier)
         options = params.start_options(request, layout, tier, platform_name())
         if on_progress is not None:
@@ -179,7 +198,11 @@ class VllmOmniEngine(Engine):
             step = event["progress"]
             on_progress(Progress(step["stage"], step=step["step"], total=step["total"]))
 
-    def close(self) -> None:
+    def _stop_child(self) -> None:
         if self._process is not None:
             self._process.stop()
         self._process, self._options = None, None
+
+    def close(self) -> None:
+        self._stop_child()
+        self._layout = None
