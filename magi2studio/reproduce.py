@@ -11,6 +11,7 @@ timing figures with their source. One transcribed from the blog ships as ``blog`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import json
@@ -207,10 +208,29 @@ class SampleResult:
         return row
 
 
-def run_key(request: dict[str, Any], layout_name: str, engine_name: str) -> str:
-    """What makes two runs of an entry the same run: the whole request, the layout and the engine."""
+@functools.lru_cache(maxsize=256)
+def image_digest(path: str, mtime_ns: int, size: int) -> str:
+    """sha256 of an image, cached per (path, mtime, size): resuming compares many run folders."""
 
-    text = json.dumps({"request": request, "layout": layout_name, "engine": engine_name}, sort_keys=True)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_key(request: dict[str, Any], layout_name: str, engine_name: str) -> str | None:
+    """What makes two runs of an entry the same run: the request by content, the layout and the engine.
+
+    The prompt file's path is left out (its text is the request's prompt) and the image is
+    taken by its sha256, so a set that was moved or uploaded again still resumes. None when
+    the image is gone: nothing can then be shown to be the same run.
+    """
+
+    content = {key: value for key, value in request.items() if key != "prompt_file"}
+    if content.get("image"):
+        image = Path(content["image"])
+        if not image.is_file():
+            return None
+        stat = image.stat()
+        content["image"] = image_digest(str(image.resolve()), stat.st_mtime_ns, stat.st_size)
+    text = json.dumps({"request": content, "layout": layout_name, "engine": engine_name}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -296,7 +316,7 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
             result = SampleResult(sample.index, sample.name, "ran", request.mode, request.seed, sample.seed_source,
                                   request.tier, layout.name, steps=request.steps)
             key = run_key(request.model_dump(mode="json"), layout.name, engine_name)
-            existing = find_complete_run(runs_root, key)
+            existing = find_complete_run(runs_root, key) if key else None
             emit("start", result, None)
             try:
                 if existing is not None:

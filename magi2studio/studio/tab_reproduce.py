@@ -1,0 +1,178 @@
+"""Reproduce: run a sample set (the bundled Sand AI set or an upload) through the studio's engine.
+
+Entries go through the shared engine slot one by one, so a reproduction queues behind other
+users' runs and never competes with them for the engine. Results show per-sample progress, a
+table with verdicts and the poster thumbnails; the reports land under ``outputs/reproduce/``.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from ..errors import Cancelled, EngineError, InputError
+from ..layouts import parse_layout
+from ..reproduce import BUNDLED_REFERENCES, load_reference, reproduce
+from ..samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
+from ..tiers import get_tier
+from .context import StudioContext
+
+TAB_ID = "reproduce"
+COLUMNS = ["sample", "status", "mode", "seed", "tier", "steps", "frames sha256", "pcm sha256", "gate ms/step", "verdict"]
+BUNDLED_CHOICE = "Sand AI's demo_samples.json (bundled)"
+UPLOAD_CHOICE = "Upload a set"
+
+
+def stage_upload(files: list[str] | None, scratch: Path) -> Path:
+    """Put an uploaded set and the files it names in ``<scratch>/<id>/assets/``, as Sand AI lays them out."""
+
+    paths = [Path(f) for f in files or []]
+    sets = [p for p in paths if p.suffix == ".json" and p.stat().st_size < 1024 * 1024]
+    if not paths:
+        raise InputError("samples", "no file was uploaded", "upload the sample set JSON and the files it names")
+    folder = scratch / f"upload-{time.time_ns()}" / "assets"
+    folder.mkdir(parents=True)
+    for path in paths:
+        shutil.copy(path, folder / path.name)
+    named = [folder / p.name for p in sets if p.read_text(encoding="utf-8", errors="replace").lstrip().startswith("[")]
+    if len(named) != 1:
+        raise InputError("samples", f"{len(named)} of the uploaded files are JSON arrays",
+                         "upload exactly one sample set (a JSON array) plus its prompt and image files")
+    return named[0]
+
+
+def rows_of(report: dict) -> list[list]:
+    return [[r["name"], r["status"], r["mode"], r["seed"], r["tier"], r["steps"], (r["frames_sha256"] or "")[:16],
+             (r["pcm_sha256"] or "")[:16], round(r["gate_ms"], 1) if r["gate_ms"] is not None else None,
+             r["verdict"] or ""] for r in report["samples"]]
+
+
+def build(ctx: StudioContext) -> None:
+    with gr.Tab("Reproduce", id=TAB_ID):
+        gr.Markdown("Run a whole sample set as normal run folders; already finished entries are skipped. "
+                    "Entries queue on the studio's engine like any other run.")
+        with gr.Row():
+            source = gr.Radio([BUNDLED_CHOICE, UPLOAD_CHOICE], value=BUNDLED_CHOICE, label="Sample set")
+            upload = gr.File(label="Set JSON + its prompt and image files", file_count="multiple")
+        with gr.Row():
+            tier = gr.Dropdown([t for t, why in ctx.capabilities.tiers.items() if not why], value="272p", label="Tier")
+            layout = gr.Textbox("sp1-cfg1" if ctx.capabilities.max_world_size == 1 else "sp8-cfg1-ep4", label="Layout")
+            seed = gr.Number(42, precision=0, label="Seed")
+            policy = gr.Radio(list(SEED_POLICIES), value="fixed", label="Seed policy")
+            steps = gr.Number(None, precision=0, label="Steps (empty: engine default)")
+        with gr.Row():
+            expect = gr.Dropdown(["none", *BUNDLED_REFERENCES], value="none", label="Reference")
+            expect_file = gr.File(label="...or a reference file", file_count="single")
+            skip_missing = gr.Checkbox(True, label="Skip entries whose files are missing "
+                                                   "(Sand AI lists an unpublished sample_enhanced_t2v.json)")
+        with gr.Row():
+            start = gr.Button("Run the set", variant="primary")
+            stop = gr.Button("Stop")
+        status = gr.Markdown()
+        table = gr.Dataframe(headers=COLUMNS, interactive=False, label="Results", wrap=True)
+        posters = gr.Gallery(label="Posters", columns=4, height="auto", allow_preview=True)
+        notes = gr.Markdown()
+
+    def run_set(source_value, files, tier_value, layout_value, seed_value, policy_value, steps_value,
+                expect_value, expect_path, skip_value, request: gr.Request):
+        owner = request.session_hash or "anonymous"
+        try:
+            set_path = BUNDLED_ALIAS if source_value == BUNDLED_CHOICE else stage_upload(files, ctx.scratch)
+            defaults = {"tier": tier_value, **({"steps": int(steps_value)} if steps_value else {})}
+            sample_set = load_sample_set(set_path, seed=int(seed_value if seed_value is not None else 42),
+                                         seed_policy=policy_value, defaults=defaults, skip_missing=skip_value)
+            chosen_layout = parse_layout(layout_value)
+            for sample in sample_set.samples:
+                ctx.engine.check_layout(chosen_layout, get_tier(sample.request.tier))
+            reference_path = expect_path or (None if expect_value == "none" else expect_value)
+            reference = load_reference(reference_path) if reference_path else None
+        except InputError as err:
+            raise gr.Error(str(err), print_exception=False) from None
+        out = ctx.outputs_root / "reproduce" / time.strftime("%Y%m%d-%H%M%S")
+        events: queue.Queue = queue.Queue()
+        cancel = threading.Event()
+        active_runs[owner] = cancel
+
+        def through_slot(sample, extra, on_progress, cancel_event):
+            job = ctx.slot.submit(sample.request, chosen_layout, owner)
+            for update in ctx.slot.follow(job):
+                if cancel_event is not None and cancel_event.is_set():
+                    ctx.slot.cancel(owner)
+                if update.kind == "progress" and update.progress is not None:
+                    on_progress(update.progress)
+                elif update.kind == "queued":
+                    events.put(("queued", sample.name, update.position))
+                elif update.kind == "done":
+                    return update.run
+                elif update.kind == "refused":
+                    raise update.error
+                elif update.kind == "cancelled":
+                    raise Cancelled(update.message)
+                elif update.kind == "failed":
+                    raise EngineError(update.message)
+            raise EngineError("the engine slot stopped without a result")
+
+        def work():
+            try:
+                report = reproduce(sample_set, engine_name=ctx.capabilities.engine, layout=chosen_layout, out=out,
+                                   runs_root=ctx.outputs_root, run_entry=through_slot, reference=reference,
+                                   reference_path=str(reference_path) if reference_path else None, cancel=cancel,
+                                   on_event=lambda kind, result, payload: events.put((kind, result, payload)))
+                events.put(("finished", report, None))
+            except Cancelled as err:
+                events.put(("stopped", str(err), None))
+            except Exception as err:  # shown to the user; nothing else reads this thread
+                events.put(("error", f"{err.__class__.__name__}: {err}", None))
+
+        threading.Thread(target=work, name=f"reproduce-{owner}", daemon=True).start()
+        total = len(sample_set.samples)
+        done = 0
+        line = f"{total} entries to run or resume" + (f", {len(sample_set.skipped)} skipped" if sample_set.skipped else "")
+        yield line, None, None, ""
+        while True:
+            kind, first, payload = events.get()
+            if kind == "start":
+                line = f"[{first.index + 1}/{total + len(sample_set.skipped)}] {first.name}: starting"
+            elif kind == "queued":
+                line = f"{first}: waiting in the queue (position {payload})"
+            elif kind == "progress" and payload.step is not None:
+                line = f"{first.name}: {payload.stage} step {payload.step + 1}/{payload.total}"
+            elif kind == "done":
+                done += 1
+                line = f"{first.name}: {first.status} ({done}/{total})"
+            elif kind in ("finished", "stopped", "error"):
+                break
+            else:
+                continue
+            yield line, gr.skip(), gr.skip(), gr.skip()
+        active_runs.pop(owner, None)
+        if kind != "finished":
+            yield f"**{kind}**: {first}", gr.skip(), gr.skip(), gr.skip()
+            return
+        report = first
+        gallery = [(str(out / r["poster"]), f"{r['name']}: {r['verdict'] or r['status']}")
+                   for r in report["samples"] if r["poster"]]
+        summary = ", ".join(f"{k} {v}" for k, v in report["summary"].items() if v)
+        footer = "\n".join(f"- {n}" for n in report["cannot_check_here"])
+        yield (f"**done**: {summary}. Reports: `{out / 'report.html'}`, `report.md`, `report.json`",
+               rows_of(report), gallery, footer)
+
+    active_runs: dict[str, threading.Event] = {}
+
+    def stop_set(request: gr.Request):
+        owner = request.session_hash or "anonymous"
+        cancel = active_runs.get(owner)
+        if cancel is None:
+            return "nothing of yours is running"
+        cancel.set()
+        ctx.slot.cancel(owner)
+        return "stopping at the next step boundary"
+
+    start.click(run_set, [source, upload, tier, layout, seed, policy, steps, expect, expect_file, skip_missing],
+                [status, table, posters, notes], api_name="reproduce", concurrency_limit=None)
+    stop.click(stop_set, None, status, api_name="reproduce_stop", queue=False)
