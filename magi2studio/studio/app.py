@@ -19,7 +19,7 @@ from ..runs import check_outputs_root
 from .context import ASSETS, StudioContext
 from .slot import EngineSlot
 
-TABS = ("generate", "results", "history", "environment")
+TABS = ("generate", "results", "history", "environment", "reproduce", "ab")
 TITLE = "MAGI-2 studio"
 
 

@@ -65,8 +65,10 @@ def test_a_bad_upload_is_refused_before_any_run(studio, tmp_path):
     bad.write_text(json.dumps({"prompt": "not an array"}))
     with pytest.raises(AppError, match="JSON arrays"):
         client.predict(*reproduce_args(UPLOAD_CHOICE, [handle_file(str(bad))]), api_name="/reproduce")
-    with pytest.raises(AppError, match="seed_policy"):
-        client.predict(*reproduce_args(BUNDLED_CHOICE, policy_value="shuffle"), api_name="/reproduce")
+    with pytest.raises(AppError, match="layout: sp8-cfg1-ep4 needs 8 ranks"):
+        client.predict(*reproduce_args(BUNDLED_CHOICE, layout_value="sp8-cfg1-ep4"), api_name="/reproduce")
+    with pytest.raises(AppError, match=r"samples\[4\].prompt_file"):
+        client.predict(*reproduce_args(BUNDLED_CHOICE, skip_value=False), api_name="/reproduce")
 
 
 def test_the_ab_view_refuses_zero_pairs(studio):
