@@ -6,33 +6,39 @@ It never passes for the real model: its name, every manifest and every capabilit
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
 
 from ... import determinism
-from ...errors import Cancelled, InputError
+from ...errors import Cancelled, EngineError, InputError
 from ...layouts import Layout, check_shape
 from ...request import Request
 from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...timing import StepTimer, active, install_step_hooks
 from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback
 from .components import STAND_INS
+from .pool import Job, RankPool, prepare_compile
 from .tiny import TinyConfig
 
 ENGINE_NAME = "embedded"
+MAX_RANKS = 4  # CPU ranks the embedded engine will start (oversubscribing small machines)
 _parallel_state: tuple[int, int] | None = None  # (ulysses, cfg) initialized in this process
 
 
 class EmbeddedEngine(Engine):
     name = ENGINE_NAME
 
-    def __init__(self, checkpoint_root: str | Path | None = None, config: TinyConfig | None = None) -> None:
+    def __init__(self, checkpoint_root: str | Path | None = None, config: TinyConfig | None = None, *,
+                 rank_timeout_s: float = 120.0) -> None:
         self.config = config or TinyConfig()
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else None
+        self.rank_timeout_s = rank_timeout_s
         self._layout: Layout | None = None
         self._driver = None
         self._components = None
+        self._pool: RankPool | None = None
         self._lock = threading.Lock()
 
     # -- what it can do -----------------------------------------------------------------------
@@ -44,7 +50,7 @@ class EmbeddedEngine(Engine):
             platform="cpu",
             devices=["cpu"],
             tiers=tiers,
-            max_world_size=1,
+            max_world_size=MAX_RANKS,
             default_steps=self.config.default_steps,
             default_refiner_steps=self.config.default_refiner_steps,
             default_compile="eager",
@@ -53,6 +59,8 @@ class EmbeddedEngine(Engine):
                 "embedded: vLLM-Omni 0.30.0's MAGI-2 transformer, data proxy and sampler at a tiny "
                 "config with generated (seeded random) weights; outputs are not the real model's",
                 "static/dynamic compile costs about 100 s of Inductor codegen on the first run",
+                f"layouts up to {MAX_RANKS} ranks run as a pool of processes on upstream's parallel groups "
+                "(gloo on CPU, NCCL with CUDA)",
             ],
         )
 
@@ -61,12 +69,28 @@ class EmbeddedEngine(Engine):
         reason = self.capabilities().tiers.get(tier.name)
         if reason:
             raise InputError("tier", f"{tier.name} cannot run here: {reason}", "pick 272p or 540p")
-        if layout.world_size != 1 or layout.ep is not None or layout.offload:
-            raise InputError(
-                "layout", f"{layout.name} needs {layout.world_size} ranks; the embedded engine runs one process",
-                "use sp1-cfg1",
-            )
-        return []
+        if layout.offload:
+            raise InputError("layout", "layerwise offload is a GPU path; the embedded engine keeps weights in memory",
+                             "drop -offload")
+        if layout.world_size > MAX_RANKS:
+            raise InputError("layout", f"{layout.name} needs {layout.world_size} ranks; the embedded engine starts at "
+                             f"most {MAX_RANKS} CPU processes", "use sp1-cfg1, sp2-cfg1, sp1-cfg2 or sp2-cfg2")
+        if layout.ep is not None and layout.ep != layout.sp:
+            raise InputError("layout", f"ep{layout.ep} differs from the Ulysses degree {layout.sp}: vLLM-Omni 0.30.0 "
+                             "shards MoE heads over the Ulysses group; an explicit EP degree needs vLLM-Omni #8511",
+                             f"drop -ep{layout.ep} (the heads split {layout.sp} ways with sp{layout.sp})")
+        heads = {"query heads": self.config.num_attention_heads, "KV groups": self.config.num_query_groups,
+                 "MoE heads": self.config.moe_heads}
+        for what, count in heads.items():
+            if count % layout.sp:
+                raise InputError("layout", f"the tiny config's {count} {what} do not divide by sp{layout.sp}",
+                                 "use sp1, sp2 or sp4")
+        warnings = []
+        cores = os.cpu_count() or 1
+        if layout.world_size > cores:
+            warnings.append(f"{layout.name} starts {layout.world_size} processes on {cores} CPU cores: it "
+                            "oversubscribes them, so its step times are communication- and scheduling-bound")
+        return warnings
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
@@ -74,40 +98,59 @@ class EmbeddedEngine(Engine):
         return self._layout
 
     def start(self, layout: Layout) -> bool:
-        global _parallel_state
         with self._lock:
-            if self._driver is not None and self._layout == layout:
+            running = self._pool.alive if self._pool is not None else self._driver is not None
+            if running and self._layout == layout:
                 return False
-            from . import upstream_patches
-            from .checkpoint import ensure_checkpoint
-            from .components import load_components
-            from .driver import EmbeddedDriver
+            self._stop()
+            if layout.world_size == 1:
+                self._start_in_process(layout)
+            else:
+                from .checkpoint import ensure_checkpoint
 
-            wanted = (layout.sp, layout.cfg)
-            if _parallel_state != wanted:
-                if _parallel_state is not None:
-                    upstream_patches.destroy_parallel()
-                upstream_patches.init_parallel(world_size=layout.world_size, rank=0, port=upstream_patches.free_port(),
-                                               ulysses_degree=layout.sp, cfg_parallel_size=layout.cfg)
-                _parallel_state = wanted
-            install_step_hooks()
-            root = ensure_checkpoint(self.config, self.checkpoint_root)
-            self._components = load_components(root)
-            self._driver = EmbeddedDriver(self._components)
+                root = ensure_checkpoint(self.config, self.checkpoint_root)
+                self._pool = RankPool(layout, root, rank_timeout_s=self.rank_timeout_s)
             self._layout = layout
             return True
 
+    def _start_in_process(self, layout: Layout) -> None:
+        global _parallel_state
+        from . import upstream_patches
+        from .checkpoint import ensure_checkpoint
+        from .components import load_components
+        from .driver import EmbeddedDriver
+
+        wanted = (layout.sp, layout.cfg)
+        if _parallel_state != wanted:
+            if _parallel_state is not None:
+                upstream_patches.destroy_parallel()
+            upstream_patches.init_parallel(world_size=layout.world_size, rank=0, port=upstream_patches.free_port(),
+                                           ulysses_degree=layout.sp, cfg_parallel_size=layout.cfg)
+            _parallel_state = wanted
+        install_step_hooks()
+        root = ensure_checkpoint(self.config, self.checkpoint_root)
+        self._components = load_components(root)
+        self._driver = EmbeddedDriver(self._components)
+
+    def _stop(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = None
+        self._driver = None
+        self._components = None
+        self._layout = None
+
     def close(self) -> None:
         with self._lock:
-            self._driver = None
-            self._components = None
-            self._layout = None
+            self._stop()
 
     # -- a run --------------------------------------------------------------------------------
     def generate(self, request: Request, *, on_progress: ProgressCallback | None = None,
                  cancel: threading.Event | None = None) -> Generation:
-        if self._driver is None or self._layout is None:
+        if self._layout is None:
             raise RuntimeError("start(layout) the engine before generate()")
+        if self._pool is not None:
+            return self._generate_on_pool(request, on_progress, cancel)
         from . import upstream_patches
 
         tier = get_tier(request.tier)
@@ -127,7 +170,7 @@ class EmbeddedEngine(Engine):
         with self._lock:
             if cancel is not None and cancel.is_set():
                 raise Cancelled("cancelled before the run started")
-            self._prepare_compile(compile_mode)
+            prepare_compile(self._components.transformer, compile_mode)
             upstream_patches.set_deterministic(request.deterministic)
             timer = StepTimer(stage="preview", rank=0, on_step=on_step)
             with active(timer):
@@ -146,20 +189,54 @@ class EmbeddedEngine(Engine):
             engine_info=self.info(),
         )
 
-    def _prepare_compile(self, mode: str) -> None:
-        transformer = self._components.transformer
-        current = getattr(transformer, "_magi2studio_compile", "eager")
-        if mode == current:
-            return
-        if current != "eager":
-            raise InputError("compile", f"this engine is already compiled {current}",
-                             "restart the engine (change layout or restart the studio) to switch compile mode")
-        transformer.compile_regions(fullgraph=True, dynamic=mode == "dynamic",
-                                    options={"emulate_precision_casts": True})
-        transformer._magi2studio_compile = mode
+    def _generate_on_pool(self, request: Request, on_progress: ProgressCallback | None,
+                          cancel: threading.Event | None) -> Generation:
+        """Run on every rank of the pool; rank 0's frames and audio, every rank's step times."""
+
+        tier = get_tier(request.tier)
+        steps = request.steps or self.config.default_steps
+        compile_mode = request.compile or "eager"
+        started = time.perf_counter()
+
+        def on_event(event: tuple) -> None:
+            if on_progress is None:
+                return
+            elapsed = time.perf_counter() - started
+            if event[0] == "stage":
+                on_progress(Progress(event[1], elapsed_s=elapsed))
+            else:
+                _, _, stage, index, total = event
+                on_progress(Progress(stage, index, total, elapsed))
+
+        with self._lock:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("cancelled before the run started")
+            pool = self._pool
+            if pool is None or not pool.alive:
+                raise EngineError(f"the {self._layout.name} ranks were stopped by an earlier failure; "
+                                  "start the engine again")
+            result = pool.run(Job(request.model_dump_json(), steps, compile_mode), on_event, cancel)
+        return Generation(
+            frames=result.frames,
+            audio=result.audio,
+            fps=tier.fps,
+            sample_rate=AUDIO_SAMPLE_RATE,
+            step_records=result.step_records,
+            stage_ms=result.stage_ms,
+            resolved={"steps": steps, "compile": compile_mode, "negative_prompt": result.negative_prompt_source,
+                      "deterministic": request.deterministic,
+                      "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None}},
+            engine_info={**self.info(), "ranks": self._layout.world_size, "backend": pool.backend},
+        )
 
     def info(self) -> dict:
-        components = self._components
+        components, pool = self._components, self._pool
+        if pool is not None:
+            checkpoint = str(pool.checkpoint)
+            loaded = {f"rank{rank}": count for rank, count in sorted(pool.loaded_weights.items())}
+        else:
+            checkpoint = str(components.root) if components else None
+            loaded = components.loaded_weights if components else None
         return {
             "name": ENGINE_NAME,
             "embedded": True,
@@ -168,6 +245,6 @@ class EmbeddedEngine(Engine):
                         "Magi2PreviewSampler, Magi2Qwen35TextEncoder, Magi2TurboVAEDecoder, Magi2AudioDecoder)",
             "stand_ins": STAND_INS,
             "tiny_config": self.config.digest,
-            "checkpoint": str(components.root) if components else None,
-            "loaded_weights": components.loaded_weights if components else None,
+            "checkpoint": checkpoint,
+            "loaded_weights": loaded,
         }

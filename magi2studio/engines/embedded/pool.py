@@ -1,0 +1,361 @@
+"""A persistent pool of ranks for one parallel layout of the embedded engine.
+
+Each rank is a spawned process that initializes upstream's distributed environment and
+MAGI-2 groups (``upstream_patches.init_parallel``), loads the tiny checkpoint (the
+transformer's ``load_weights`` keeps this rank's MoE heads), and runs
+:class:`EmbeddedDriver` under a per-rank :class:`StepTimer`. Upstream's own code spreads the
+work: the sequence dispatcher and Ulysses all-to-alls, head-sharded MoE, CFG-parallel.
+
+Every rank reports each finished step to the parent; rank 0 also reports stages and returns
+the frames and audio. Cancellation is a collective: at each step boundary every rank
+all-reduces (MAX) whether it has seen the shared cancel flag, so all stop at the same step.
+A rank that exits, raises or goes silent ends the run with an :class:`EngineError` naming
+the rank and the step, and the pool is torn down (the next run starts a fresh one).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import Cancelled, EngineError
+from ...layouts import Layout
+
+# Test hook: "RANK:STEP[:exit|hang|raise]" makes that rank fail when it starts that step.
+FAULT_ENV = "MAGI2STUDIO_EMBEDDED_FAULT"
+STARTUP_TIMEOUT_S = 300.0
+
+
+def backend_for_platform() -> str:
+    """NCCL where CUDA is available, gloo on the CPU."""
+
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+@dataclass(frozen=True)
+class Job:
+    request_json: str
+    steps: int
+    compile_mode: str
+
+
+@dataclass
+class PoolResult:
+    frames: Any
+    audio: Any
+    stage_ms: dict[str, float]
+    negative_prompt_source: str
+    step_records: list[dict]
+
+
+def prepare_compile(transformer, mode: str) -> None:
+    """Compile the transformer's regions once per process; switching back needs a restart."""
+
+    from ...errors import InputError
+
+    current = getattr(transformer, "_magi2studio_compile", "eager")
+    if mode == current:
+        return
+    if current != "eager":
+        raise InputError("compile", f"this engine is already compiled {current}",
+                         "restart the engine (change layout or restart the studio) to switch compile mode")
+    transformer.compile_regions(fullgraph=True, dynamic=mode == "dynamic", options={"emulate_precision_casts": True})
+    transformer._magi2studio_compile = mode
+
+
+def patch_gloo_uneven_gather() -> None:
+    """Let ``parallel.gather_sequence`` gather uneven shards on gloo.
+
+    Upstream splits an odd packed length with ``balanced_split_sizes`` (one extra token on
+    early ranks) and gathers with ``dist.all_gather`` into uneven chunks, which NCCL accepts
+    and gloo refuses ("ProcessGroupGloo::allgather: invalid tensor size"). On gloo only, each
+    shard is zero-padded to the largest, gathered, and trimmed back: the same bytes, moved.
+    """
+
+    import torch
+    import torch.distributed as dist
+    from vllm_omni.diffusion.models.magi2 import parallel
+
+    if getattr(parallel.gather_sequence, "_magi2studio_gloo", False):
+        return
+    upstream_gather = parallel.gather_sequence
+
+    def gather_sequence(tensor, split_sizes, group=None):
+        group = group or parallel.get_magi2_ulysses_group()
+        if group.world_size == 1 or len(set(split_sizes)) == 1:
+            return upstream_gather(tensor, split_sizes, group)
+        if tensor.shape[0] != split_sizes[group.rank]:
+            raise ValueError(f"rank {group.rank} owns {tensor.shape[0]} tokens, expected {split_sizes[group.rank]}")
+        longest = max(split_sizes)
+        padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        padded[: tensor.shape[0]] = tensor
+        chunks = [torch.empty_like(padded) for _ in split_sizes]
+        dist.all_gather(chunks, padded, group=group.group)
+        return torch.cat([chunk[:size] for chunk, size in zip(chunks, split_sizes)], dim=0)
+
+    gather_sequence._magi2studio_gloo = True
+    parallel.gather_sequence = gather_sequence
+
+
+def _parse_fault(rank: int) -> tuple[int, str] | None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return None
+    parts = spec.split(":")
+    if int(parts[0]) != rank:
+        return None
+    return int(parts[1]), parts[2] if len(parts) > 2 else "exit"
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit if the parent goes away, so no rank outlives the engine."""
+
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(3)
+        time.sleep(1.0)
+
+
+def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, checkpoint: str, parent_pid: int,
+               jobs, events, cancel_flag) -> None:
+    """One rank: set up upstream's groups and the components, then run jobs until told to stop."""
+
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from ...request import Request
+        from ...tiers import get_tier
+        from ...timing import StepTimer, active, install_step_hooks
+        from . import upstream_patches
+        from .components import load_components
+        from .driver import EmbeddedDriver
+
+        sp, cfg = layout
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        upstream_patches.init_parallel(world_size=sp * cfg, rank=rank, port=port, ulysses_degree=sp,
+                                       cfg_parallel_size=cfg, backend=backend)
+        if backend == "gloo":
+            patch_gloo_uneven_gather()
+        install_step_hooks()
+        components = load_components(Path(checkpoint))
+        driver = EmbeddedDriver(components)
+        flag_device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        fault = _parse_fault(rank)
+    except BaseException:
+        events.put(("error", rank, None, traceback.format_exc()))
+        return
+    events.put(("ready", rank, components.loaded_weights))
+
+    while True:
+        job = jobs.get()
+        if job is None:
+            break
+        current_step = {"index": 0}
+
+        def on_step(stage: str, index: int, total: int) -> None:
+            events.put(("step", rank, stage, index, total))
+            current_step["index"] = index + 1
+            flag = torch.tensor([1 if cancel_flag.is_set() else 0], dtype=torch.int32, device=flag_device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if int(flag.item()):
+                raise Cancelled(f"stopped at the step boundary after {stage} step {index + 1}/{total}")
+            if fault is not None and index + 1 == fault[0]:
+                _fail(fault[1], rank, index + 1)
+
+        def on_stage(name: str) -> None:
+            if rank == 0:
+                events.put(("stage", name))
+
+        try:
+            request = Request.model_validate_json(job.request_json)
+            prepare_compile(components.transformer, job.compile_mode)
+            upstream_patches.set_deterministic(request.deterministic)
+            timer = StepTimer(stage="preview", rank=rank, on_step=on_step)
+            with active(timer):
+                out = driver.run(request, get_tier(request.tier), job.steps, on_stage=on_stage)
+            records = [r.as_dict() for r in timer.records]
+            if rank == 0:
+                events.put(("done", rank, records, out.frames, out.audio, out.stage_ms, out.negative_prompt_source))
+            else:
+                events.put(("done", rank, records))
+        except Cancelled as err:
+            events.put(("cancelled", rank, str(err)))
+        except BaseException:
+            events.put(("error", rank, current_step["index"], traceback.format_exc()))
+            return
+    upstream_patches.destroy_parallel()
+
+
+def _fail(mode: str, rank: int, step: int) -> None:
+    if mode == "hang":
+        while True:
+            time.sleep(60)
+    if mode == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV})")
+    os._exit(17)
+
+
+class RankPool:
+    """The ranks of one layout, started once and reused for every run on that layout."""
+
+    def __init__(self, layout: Layout, checkpoint: Path, *, rank_timeout_s: float = 120.0) -> None:
+        import torch.multiprocessing as mp
+
+        from .upstream_patches import free_port
+
+        self.layout = layout
+        self.rank_timeout_s = rank_timeout_s
+        self.backend = backend_for_platform()
+        context = mp.get_context("spawn")
+        self._events = context.Queue()
+        self._cancel = context.Event()
+        self._jobs = [context.Queue() for _ in range(layout.world_size)]
+        port = free_port()
+        self._procs = [
+            context.Process(target=_rank_main, name=f"magi2studio-rank{rank}", daemon=True,
+                            args=(rank, (layout.sp, layout.cfg), port, self.backend, str(checkpoint), os.getpid(),
+                                  self._jobs[rank], self._events, self._cancel))
+            for rank in range(layout.world_size)
+        ]
+        for proc in self._procs:
+            proc.start()
+        self.alive = True
+        self.checkpoint = checkpoint
+        self.loaded_weights: dict[int, int] = {}
+        try:
+            ready = self.loaded_weights
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while len(ready) < layout.world_size:
+                event = self._next_event(deadline, "starting", {})
+                if event[0] == "ready":
+                    ready[event[1]] = event[2]
+                elif event[0] == "error":
+                    raise EngineError(f"rank {event[1]} failed to start layout {layout.name}:\n{event[3]}")
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self._procs]
+
+    def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int]]) -> tuple:
+        """The next event from any rank; raise EngineError on a dead or silent rank."""
+
+        while True:
+            try:
+                return self._events.get(timeout=0.2)
+            except queue.Empty:
+                pass
+            for rank, proc in enumerate(self._procs):
+                if proc.exitcode is not None:
+                    raise EngineError(
+                        f"rank {rank} of layout {self.layout.name} exited (code {proc.exitcode}) while {phase}"
+                        + _at_step(rank, last_step))
+            if time.monotonic() > deadline:
+                slow = min(range(len(self._procs)), key=lambda r: last_step.get(r, (-1, 0))[0])
+                raise EngineError(
+                    f"rank {slow} of layout {self.layout.name} sent nothing for {self.rank_timeout_s:.0f} s while "
+                    f"{phase}" + _at_step(slow, last_step) + "; the pool was stopped")
+
+    def _blame_dead_rank(self, failed: int, last_step: dict[int, tuple[int, int]], wait_s: float = 2.0) -> None:
+        """A collective error on one rank is often another rank's death: name the dead one."""
+
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            for rank, proc in enumerate(self._procs):
+                if rank != failed and proc.exitcode is not None:
+                    raise EngineError(f"rank {rank} of layout {self.layout.name} exited (code {proc.exitcode}) "
+                                      f"while running" + _at_step(rank, last_step) + f"; rank {failed} then failed")
+            time.sleep(0.1)
+
+    def run(self, job: Job, on_event: Callable[[tuple], None], cancel: threading.Event | None) -> PoolResult:
+        """Run one job on every rank; raise Cancelled, or EngineError naming the failed rank and step."""
+
+        if not self.alive:
+            raise EngineError(f"the {self.layout.name} pool was stopped; start the engine again")
+        self._cancel.clear()
+        for jobs in self._jobs:
+            jobs.put(job)
+        done: dict[int, tuple] = {}
+        cancelled: dict[int, str] = {}
+        last_step: dict[int, tuple[int, int]] = {}
+        try:
+            deadline = time.monotonic() + self.rank_timeout_s
+            while len(done) + len(cancelled) < len(self._procs):
+                if cancel is not None and cancel.is_set():
+                    self._cancel.set()
+                event = self._next_event(deadline, "running", last_step)
+                deadline = time.monotonic() + self.rank_timeout_s
+                kind = event[0]
+                if kind == "step":
+                    last_step[event[1]] = (event[3], event[4])
+                    if event[1] == 0:
+                        on_event(event)
+                elif kind == "stage":
+                    on_event(event)
+                elif kind == "done":
+                    done[event[1]] = event
+                elif kind == "cancelled":
+                    cancelled[event[1]] = event[2]
+                elif kind == "error":
+                    self._blame_dead_rank(event[1], last_step)
+                    raise EngineError(f"rank {event[1]} of layout {self.layout.name} failed"
+                                      + _at_step(event[1], last_step) + f":\n{event[3]}")
+        except BaseException:
+            self.close()
+            raise
+        if cancelled:
+            if done:  # some ranks finished while others stopped: the collective broke
+                self.close()
+                raise EngineError(f"ranks {sorted(cancelled)} stopped but {sorted(done)} finished; the pool was stopped")
+            raise Cancelled(cancelled[min(cancelled)])
+        records = [record for rank in sorted(done) for record in done[rank][2]]
+        _, _, _, frames, audio, stage_ms, negative = done[0]
+        return PoolResult(frames, audio, stage_ms, negative, records)
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Stop every rank: ask, then terminate, then kill; leave no process behind."""
+
+        if not self._procs:
+            return
+        self.alive = False
+        for proc, jobs in zip(self._procs, self._jobs):
+            if proc.exitcode is None:
+                try:
+                    jobs.put(None)
+                except (OSError, ValueError):
+                    pass
+        deadline = time.monotonic() + grace_s
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
+            if proc.exitcode is None:
+                proc.terminate()
+                proc.join(2.0)
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(2.0)
+        for handle in (self._events, *self._jobs):
+            handle.cancel_join_thread()
+            handle.close()
+        self._procs = []
+
+
+def _at_step(rank: int, last_step: dict[int, tuple[int, int]]) -> str:
+    if rank not in last_step:
+        return " before finishing any preview step"
+    index, total = last_step[rank]
+    return f" after finishing {index + 1} of {total} preview steps (in step {index + 2})"

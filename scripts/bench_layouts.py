@@ -1,0 +1,65 @@
+"""Per-layout step times of the embedded engine on this machine (JSON to docs/perf/).
+
+Communication-bound toy figures on a tiny config over gloo: not GPU predictions.
+    .venv/bin/python scripts/bench_layouts.py --steps 6 --layouts sp1-cfg1 sp2-cfg1 sp1-cfg2 sp2-cfg2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from magi2studio import media
+from magi2studio.engines.embedded.engine import EmbeddedEngine
+from magi2studio.layouts import parse_layout
+from magi2studio.request import build_request
+from magi2studio.timing import gate_summary
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "perf" / "embedded_layouts_cpu.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", nargs="+", default=["sp1-cfg1", "sp2-cfg1", "sp1-cfg2", "sp2-cfg2"])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+
+    request = build_request(prompt="a red kite over a windy beach, waves and gulls", steps=args.steps, seed=args.seed)
+    engine = EmbeddedEngine()
+    rows = []
+    try:
+        for name in args.layouts:
+            layout = parse_layout(name)
+            started = time.perf_counter()
+            engine.start(layout)
+            start_s = time.perf_counter() - started
+            generation = engine.generate(request)
+            summary = gate_summary(generation.step_records)
+            rows.append({"layout": name, "world_size": layout.world_size, "start_s": round(start_s, 2),
+                         "preview_ms": round(generation.stage_ms["preview"], 1),
+                         "gate_ms_per_step": summary["gate_ms"], "median_ms": summary["median_ms"],
+                         "frames_sha256": media.frames_sha256(generation.frames),
+                         "pcm_sha256": media.pcm_sha256(generation.audio)})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        engine.close()
+    report = {
+        "what": "embedded engine (tiny config, generated weights) per-layout step times on CPU over gloo: "
+                "communication-bound toy figures, not GPU predictions",
+        "metric": "per step the slowest rank; steps 0 and 1 dropped; mean of the rest",
+        "steps": args.steps, "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
+        "machine": platform.platform(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "layouts": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Embedded layouts on gloo: same hashes as one process, odd packed lengths, cancel, rank failure."""
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from magi2studio import media, runs
+from magi2studio.engines.embedded.engine import EmbeddedEngine
+from magi2studio.engines.embedded.pool import FAULT_ENV
+from magi2studio.errors import Cancelled, EngineError
+from magi2studio.layouts import parse_layout
+from magi2studio.request import build_request
+
+PROMPT = "a red kite over a windy beach, waves and gulls"
+LAYOUTS = ("sp2-cfg1", "sp1-cfg2", "sp2-cfg2")
+pytestmark = pytest.mark.slow
+AUDIO_TOLERANCE = 0.01  # of the reference peak; measured 0.3-0.5% (2 steps, 581 packed tokens)
+FRAME_TOLERANCE = 2  # 8-bit levels; measured 1, on 0.04% of the bytes
+
+
+def packed_lengths(engine, request) -> list[int]:
+    """The packed token counts upstream's sequence dispatcher sees, from a one-process run."""
+
+    from vllm_omni.diffusion.models.magi2 import parallel
+
+    seen: list[int] = []
+    original = parallel.Magi2SequenceDispatcher.dispatch
+
+    def spy(self, tensor):
+        seen.append(int(tensor.shape[0]))
+        return original(self, tensor)
+
+    parallel.Magi2SequenceDispatcher.dispatch = spy
+    try:
+        engine.generate(request)
+    finally:
+        parallel.Magi2SequenceDispatcher.dispatch = original
+    return sorted(set(seen))
+
+
+def hashes(generation):
+    return media.frames_sha256(generation.frames), media.pcm_sha256(generation.audio)
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    engine = EmbeddedEngine()
+    engine.start(parse_layout("sp1-cfg1"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def odd_request(one_process):
+    """A T2VA request whose packed token count is odd (it does not divide by sp2)."""
+
+    for words in range(1, 12):
+        request = build_request(prompt=" ".join(PROMPT.split()[:words]) or PROMPT, steps=2, seed=7)
+        lengths = packed_lengths(one_process, request)
+        if any(n % 2 for n in lengths):
+            return request, lengths
+    pytest.fail("no prompt prefix gave an odd packed token count")
+
+
+def difference(generation, reference) -> dict:
+    """How far a layout's output is from one process: frames in 8-bit levels, audio in PCM float."""
+
+    frames = np.abs(generation.frames.astype(np.int16) - reference.frames.astype(np.int16))
+    return {"frame_bytes_differing": float((frames > 0).mean()), "frame_max_levels": int(frames.max()),
+            "audio_max_abs": float(np.abs(generation.audio - reference.audio).max())}
+
+
+def test_layouts_match_one_process_with_an_odd_token_count(one_process, odd_request, tmp_path):
+    """Each layout gives its ranks other GEMM row counts than one process (which packs both CFG
+    branches in one sequence), so CPU BLAS sums in another order: close, not bit-identical."""
+
+    request, lengths = odd_request
+    assert any(n % 2 for n in lengths), lengths
+    reference = one_process.generate(request)
+    engine = EmbeddedEngine()
+    seen = {}
+    try:
+        for name in LAYOUTS:
+            layout = parse_layout(name)
+            assert engine.start(layout) is True  # a new layout restarts the pool
+            assert engine.start(layout) is False
+            folder = runs.execute(engine, request, layout, tmp_path)
+            manifest = folder.manifest
+            rows = [json.loads(line) for line in folder.steps.read_text().splitlines()]
+            assert sorted((r["rank"], r["step"]) for r in rows) == [
+                (rank, step) for rank in range(layout.world_size) for step in range(request.steps)]
+            assert manifest["layout"]["name"] == name
+            assert manifest["timing"]["stages"]["preview"]["ranks"] == list(range(layout.world_size))
+            generation = engine.generate(request)
+            seen[name] = (hashes(generation), difference(generation, reference))
+            print(name, "packed", lengths, seen[name])
+    finally:
+        engine.close()
+    peak = float(np.abs(reference.audio).max())
+    for name, (_, diff) in seen.items():
+        assert diff["audio_max_abs"] < AUDIO_TOLERANCE * peak and diff["frame_max_levels"] <= FRAME_TOLERANCE, (name, diff)
+        assert diff["frame_bytes_differing"] < 0.01, (name, diff)
+
+
+def test_cancel_stops_every_rank_at_the_same_step_and_the_pool_stays_usable(tmp_path):
+    engine = EmbeddedEngine()
+    try:
+        layout = parse_layout("sp2-cfg1")
+        engine.start(layout)
+        request = build_request(prompt=PROMPT, steps=3, seed=1)
+        cancel = threading.Event()
+        seen = []
+
+        def on_progress(event):
+            if event.step is not None:
+                seen.append(event.step)
+                cancel.set()
+
+        with pytest.raises(Cancelled, match="step 1/3"):
+            runs.execute(engine, request, layout, tmp_path, on_progress=on_progress, cancel=cancel)
+        assert seen == [0]
+        assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".probe")]
+        assert engine.start(layout) is False
+        assert engine.generate(request.model_copy(update={"steps": 2})).frames.size
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("fault", ["exit", "hang"])
+def test_a_failing_rank_ends_the_run_naming_rank_and_step_and_the_next_run_works(fault, monkeypatch):
+    layout = parse_layout("sp2-cfg1")
+    request = build_request(prompt=PROMPT, steps=3, seed=1)
+    engine = EmbeddedEngine(rank_timeout_s=20)
+    try:
+        monkeypatch.setenv(FAULT_ENV, f"1:1:{fault}")
+        engine.start(layout)
+        pids = engine._pool.pids
+        started = time.monotonic()
+        with pytest.raises(EngineError, match=r"rank 1 of layout sp2-cfg1 .*after finishing 1 of 3 preview steps"):
+            engine.generate(request)
+        assert time.monotonic() - started < 60
+        for pid in pids:  # no orphan: every rank of the failed pool is gone
+            assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+        monkeypatch.delenv(FAULT_ENV)
+        assert engine.start(layout) is True
+        assert len(engine.generate(request.model_copy(update={"steps": 2})).step_records) == 4
+    finally:
+        engine.close()
