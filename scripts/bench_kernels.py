@@ -43,8 +43,10 @@ W13_SWEEP = [
     GemmConfig(64, 64, 64, 4, 4, 5), GemmConfig(128, 64, 128, 8, 3, 10),
     GemmConfig(128, 64, 256, 8, 2, 20), GemmConfig(128, 64, 256, 8, 3, 20), GemmConfig(128, 64, 256, 8, 2, 10),
     GemmConfig(64, 64, 256, 4, 2, 20), GemmConfig(64, 128, 256, 4, 2, 10), GemmConfig(128, 128, 256, 8, 1, 10),
-    GemmConfig(128, 32, 256, 4, 3, 40), GemmConfig(64, 64, 256, 4, 3, 20),
+    GemmConfig(128, 32, 256, 4, 3, 40), GemmConfig(256, 64, 64, 8, 3, 10), GemmConfig(128, 64, 64, 4, 3, 10),
+    GemmConfig(128, 64, 256, 4, 2, 10), GemmConfig(128, 128, 64, 8, 2, 5),
 ]
+ROUTING_SWEEP = [(16, 4), (32, 4), (32, 8), (64, 8), (64, 16)]  # (block_t, num_warps) of the top-k kernel
 W2_SWEEP = [
     GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4), GemmConfig(128, 128, 64, 4, 4),
     GemmConfig(64, 256, 64, 4, 3), GemmConfig(128, 256, 32, 8, 4), GemmConfig(128, 128, 128, 8, 3),
@@ -186,6 +188,14 @@ def run_moe(args, mh, dev, smoke, results, checks):
                     lambda: moe.moe_experts(x, *csr, w13, w_down, w13_config=best13, w2_config=c), smoke, 100)),
             )
             w13_cfg, w2_cfg = best13, best2
+            from magi2_kernels import routing_triton
+
+            for block_t, warps in ([(16, 4)] if smoke else ROUTING_SWEEP):
+                ms = bench(lambda: routing_triton.topk(x, gate, bias, TOP_K, route_norm=True, route_scale=1.0,
+                                                       norm_eps=1e-12, dot_precision=current_platform().dot_precision,
+                                                       block_t=block_t, num_warps=warps), smoke, 100)
+                sweep.append(dict(kernel="routing_topk", ms=ms, block_t=block_t, num_warps=warps))
+                print(f"sweep routing_topk block_t={block_t} warps={warps} {ms:.4f} ms", flush=True)
             results["sweep"] = sweep
             results["chosen"] = {"w13": best13.as_dict(), "w2": best2.as_dict()}
             print("sweep chosen", results["chosen"], flush=True)

@@ -74,8 +74,8 @@ class Platform:
 
 # Hopper (H100/H200): chosen by the config sweep in scripts/bench_kernels.py on the lent
 # H200 (numbers in docs/performance.md, section "Kernels (issue 3)").
-HOPPER_W13 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3, n_per_program=5)
-HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+HOPPER_W13 = GemmConfig(block_m=128, block_n=64, block_k=256, num_warps=8, num_stages=2, n_per_program=10)
+HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
 # Other CUDA GPUs: the smaller tiles vLLM-Omni 0.30.0 uses on pre-Blackwell parts.
 GENERIC_CUDA_W13 = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3)
 GENERIC_CUDA_W2 = GemmConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3)

@@ -13,7 +13,7 @@ def _topk_kernel(
     tokens, stride_xt, stride_xh, stride_xd,
     route_scale, norm_eps,
     HAS_BIAS: tl.constexpr, ROUTE_NORM: tl.constexpr,
-    D: tl.constexpr, E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+    D: tl.constexpr, E: tl.constexpr, LOG2_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     head = tl.program_id(1)
@@ -32,17 +32,24 @@ def _topk_kernel(
     selection = scores
     if HAS_BIAS:
         selection = selection + tl.load(bias_ptr + head * E + e)[None, :]
+    # One max-reduction per pick: the selection score's bits, made order-preserving as an
+    # integer, shifted above the complemented expert index (so ties pick the lowest index).
+    bits = selection.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+    keys = (ordered << LOG2_E) | (E - 1 - e)[None, :]
     kk = tl.arange(0, K_PAD)
     top_ids = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
     top_probs = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
     for k in tl.static_range(TOP_K):
-        best = tl.max(selection, axis=1)
-        pick = tl.min(tl.where(selection == best[:, None], e[None, :], E), axis=1)
-        hit = e[None, :] == pick[:, None]
-        prob = tl.sum(tl.where(hit, scores, 0.0), axis=1)
-        selection = tl.where(hit, float("-inf"), selection)
+        best = tl.max(keys, axis=1)
+        pick = (E - 1 - (best & (E - 1))).to(tl.int32)
+        value_bits = (best >> LOG2_E).to(tl.int32)
+        value = tl.where(value_bits >= 0, value_bits, value_bits ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        if HAS_BIAS:  # the bias only selects; the probability is the plain score
+            value = value - tl.load(bias_ptr + head * E + pick)
+        keys = tl.where(e[None, :] == pick[:, None], -(2**62), keys)
         top_ids = tl.where(kk[None, :] == k, pick[:, None], top_ids)
-        top_probs = tl.where(kk[None, :] == k, prob[:, None], top_probs)
+        top_probs = tl.where(kk[None, :] == k, value[:, None], top_probs)
     if ROUTE_NORM:
         top_probs = top_probs / tl.maximum(tl.sum(tl.abs(top_probs), axis=1), norm_eps)[:, None]
     top_probs = top_probs * route_scale
@@ -91,7 +98,7 @@ def topk(
         tokens, x_heads.stride(0), x_heads.stride(1), x_heads.stride(2),
         float(route_scale), float(norm_eps),
         HAS_BIAS=expert_bias is not None, ROUTE_NORM=route_norm,
-        D=d, E=num_experts, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+        D=d, E=num_experts, LOG2_E=num_experts.bit_length() - 1, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
         BLOCK_T=block_t, BLOCK_D=min(32, d), DOT_PRECISION=dot_precision,
         num_warps=num_warps,
     )
