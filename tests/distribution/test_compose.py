@@ -17,6 +17,8 @@ import jsonschema
 import pytest
 import yaml
 
+from magi2studio.cli import build_parser
+
 ROOT = Path(__file__).resolve().parents[2]
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -73,10 +75,13 @@ def test_compose_validates_for_each_platform(platform):
     assert studio["ports"] == ["7860:7860"] and studio["restart"] == "unless-stopped"
     assert "healthcheck" in studio and {"type": "volume", "source": "outputs", "target": "/outputs"} in studio["volumes"]
     weights = [v for v in studio["volumes"] if v["target"] == "/models/MAGI-2-preview"]
+    dockerfile_cmd = re.search(r"^CMD (\[.*\])$", (ROOT / "image" / "Dockerfile").read_text(), re.M)[1]
+    served = build_parser().parse_args(studio.get("command") or json.loads(dockerfile_cmd))
+    assert (served.command, served.host, served.port, str(served.out)) == ("studio", "0.0.0.0", 7860, "/outputs")
     if platform == "cpu":
-        assert studio["environment"]["MAGI2_ENGINE"] == "embedded" and not weights and "deploy" not in studio
+        assert served.engine == "embedded" and not weights and "deploy" not in studio
         return
-    assert studio["environment"]["MAGI2_ENGINE"] == "vllm-omni" and studio["ipc"] == "host"
+    assert served.engine == "vllm-omni" and studio["ipc"] == "host"
     assert weights and weights[0]["read_only"] is True
     assert studio["environment"]["MAGI2_CKPT_ROOT"] == "/models/MAGI-2-preview"
     if platform == "cuda":

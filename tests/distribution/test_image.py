@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from magi2studio.cli import build_parser
 from magi2studio.determinism import DETERMINISTIC_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,8 +150,8 @@ def test_image_runs_as_non_root_with_healthcheck_and_entrypoint():
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert re.search(r"^HEALTHCHECK .*\n\s+CMD .*127\.0\.0\.1:7860", DOCKERFILE, re.M)
     assert re.search(r'^ENTRYPOINT \["magi2studio"\]$', DOCKERFILE, re.M)
-    cmd = json.loads(re.search(r"^CMD (\[.*\])$", DOCKERFILE, re.M)[1])
-    assert cmd[:1] == ["studio"] and "0.0.0.0" in cmd
+    served = build_parser().parse_args(json.loads(re.search(r"^CMD (\[.*\])$", DOCKERFILE, re.M)[1]))
+    assert (served.command, served.host, served.port, served.engine) == ("studio", "0.0.0.0", 7860, "embedded")
 
 
 def test_build_info_records_provenance(tmp_path):
