@@ -106,14 +106,11 @@ def route(
         return reference_csr(probs, ids, num_experts)
     from . import routing_triton
 
-    topk_ids, topk_probs = routing_triton.topk(
+    topk_ids, topk_probs, keys = routing_triton.topk(
         x_heads, gate, expert_bias, top_k, route_norm=route_norm, route_scale=route_scale, norm_eps=norm_eps,
         dot_precision=platform.dot_precision,
     )
-    keys = topk_ids + (torch.arange(heads, device=gate.device, dtype=torch.int32) * num_experts).view(-1, 1, 1)
-    if heads * num_experts < torch.iinfo(torch.int16).max:
-        keys = keys.to(torch.int16)  # half the radix-sort passes of int32 keys
-    sorted_keys, order = torch.sort(keys.view(-1), stable=True)
+    sorted_keys, order = torch.sort(keys, stable=True)
     bounds = torch.arange(heads * num_experts + 1, device=gate.device, dtype=sorted_keys.dtype)
     offsets = torch.searchsorted(sorted_keys, bounds, out_int32=True)
     gather_ids, probs, slots = routing_triton.finalize(order, topk_probs, x_heads.shape[0], top_k)

@@ -9,7 +9,7 @@ import triton.language as tl
 
 @triton.jit
 def _topk_kernel(
-    x_ptr, gate_ptr, bias_ptr, ids_ptr, probs_ptr,
+    x_ptr, gate_ptr, bias_ptr, ids_ptr, probs_ptr, keys_ptr,
     tokens, stride_xt, stride_xh, stride_xd,
     route_scale, norm_eps,
     HAS_BIAS: tl.constexpr, ROUTE_NORM: tl.constexpr,
@@ -57,6 +57,8 @@ def _topk_kernel(
     ok = t_ok[:, None] & (kk[None, :] < TOP_K)
     tl.store(ids_ptr + out, top_ids, mask=ok)
     tl.store(probs_ptr + out, top_probs, mask=ok)
+    # The CSR sort key, flat expert head * E + e, written here to save launches.
+    tl.store(keys_ptr + out, (top_ids + head * E).to(keys_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -80,9 +82,14 @@ def topk(
     route_scale: float,
     norm_eps: float,
     dot_precision: str,
-    block_t: int = 32,
-    num_warps: int = 8,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    block_t: int = 16,
+    num_warps: int = 4,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k ids (int32) and probabilities (fp32) ``[H, T, K]``, and the flat-expert sort keys ``[H*T*K]``.
+
+    The keys are int16 when ``H * E`` fits (half the radix-sort passes), else int32. Defaults
+    (16 tokens, 4 warps) are the fastest of the H200 sweep in scripts/bench_kernels.py.
+    """
     tokens, heads, d = x_heads.shape
     num_experts = gate.shape[1]
     if gate.shape != (heads, num_experts, d) or gate.dtype != torch.float32:
@@ -92,9 +99,11 @@ def topk(
     gate = gate.contiguous()
     ids = torch.empty(heads, tokens, top_k, device=gate.device, dtype=torch.int32)
     probs = torch.empty(heads, tokens, top_k, device=gate.device, dtype=torch.float32)
+    key_dtype = torch.int16 if heads * num_experts < torch.iinfo(torch.int16).max else torch.int32
+    keys = torch.empty(heads * tokens * top_k, device=gate.device, dtype=key_dtype)
     bias = expert_bias.reshape(heads, num_experts).float().contiguous() if expert_bias is not None else gate
     _topk_kernel[(triton.cdiv(tokens, block_t), heads)](
-        x_heads, gate, bias, ids, probs,
+        x_heads, gate, bias, ids, probs, keys,
         tokens, x_heads.stride(0), x_heads.stride(1), x_heads.stride(2),
         float(route_scale), float(norm_eps),
         HAS_BIAS=expert_bias is not None, ROUTE_NORM=route_norm,
@@ -102,7 +111,7 @@ def topk(
         BLOCK_T=block_t, BLOCK_D=min(32, d), DOT_PRECISION=dot_precision,
         num_warps=num_warps,
     )
-    return ids, probs
+    return ids, probs, keys
 
 
 def finalize(order: torch.Tensor, topk_probs: torch.Tensor, tokens: int, top_k: int,
