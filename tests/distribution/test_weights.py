@@ -133,3 +133,21 @@ def test_doctor_reports_on_this_machine(tree, tmp_path, monkeypatch, capsys):
     assert main(["doctor", "--root", str(tree), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["weights"]["ok"] is False and report["platform"]["platform"] == "cpu"
+
+
+@pytest.mark.slow
+def test_embedded_engines_tiny_checkpoint_passes_and_a_broken_copy_is_named(tmp_path):
+    import shutil
+
+    from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
+    from magi2studio.engines.embedded.tiny import TinyConfig
+
+    tiny = ensure_checkpoint(TinyConfig())  # the engine's own cache: generated once per machine
+    assert check_weights(tiny, "540p").ok, check_weights(tiny, "540p").lines()
+    broken = shutil.copytree(tiny, tmp_path / "tiny")
+    shard = sorted((broken / "preview").glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    (broken / "turbo_vae" / "checkpoint.ckpt").unlink()
+    found = problems(check_weights(broken))
+    assert set(found) == {f"preview/{shard.name}", "turbo_vae/checkpoint.ckpt"}
+    assert "truncated" in found[f"preview/{shard.name}"]
