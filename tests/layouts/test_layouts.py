@@ -95,7 +95,8 @@ def test_layouts_match_one_process_with_an_odd_token_count(one_process, odd_requ
                 (rank, step) for rank in range(layout.world_size) for step in range(request.steps)]
             assert manifest["layout"]["name"] == name
             assert manifest["timing"]["stages"]["preview"]["ranks"] == list(range(layout.world_size))
-            generation = engine.generate(request)
+            generation = engine.generate(request)  # the same pool again: repeatable bit for bit
+            assert hashes(generation) == (manifest["hashes"]["frames_sha256"], manifest["hashes"]["pcm_sha256"]), name
             seen[name] = (hashes(generation), difference(generation, reference))
             print(name, "packed", lengths, seen[name])
     finally:
@@ -134,7 +135,7 @@ def test_cancel_stops_every_rank_at_the_same_step_and_the_pool_stays_usable(tmp_
 def test_a_failing_rank_ends_the_run_naming_rank_and_step_and_the_next_run_works(fault, monkeypatch):
     layout = parse_layout("sp2-cfg1")
     request = build_request(prompt=PROMPT, steps=3, seed=1)
-    engine = EmbeddedEngine(rank_timeout_s=20)
+    engine = EmbeddedEngine(rank_timeout_s=60)  # a loaded 2-core machine can take >20 s per step
     try:
         monkeypatch.setenv(FAULT_ENV, f"1:1:{fault}")
         engine.start(layout)
@@ -142,7 +143,7 @@ def test_a_failing_rank_ends_the_run_naming_rank_and_step_and_the_next_run_works
         started = time.monotonic()
         with pytest.raises(EngineError, match=r"rank 1 of layout sp2-cfg1 .*after finishing 1 of 3 preview steps"):
             engine.generate(request)
-        assert time.monotonic() - started < 60
+        assert time.monotonic() - started < 240
         for pid in pids:  # no orphan: every rank of the failed pool is gone
             assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
         monkeypatch.delenv(FAULT_ENV)

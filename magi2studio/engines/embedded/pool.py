@@ -173,6 +173,7 @@ def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, chec
                 raise Cancelled(f"stopped at the step boundary after {stage} step {index + 1}/{total}")
             if fault is not None and index + 1 == fault[0]:
                 _fail(fault[1], rank, index + 1)
+            events.put(("passed", rank, index))
 
         def on_stage(name: str) -> None:
             if rank == 0:
@@ -251,8 +252,11 @@ class RankPool:
     def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs]
 
-    def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int]]) -> tuple:
+    def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int]],
+                    passed: dict[int, int] | None = None) -> tuple:
         """The next event from any rank; raise EngineError on a dead or silent rank."""
+
+        passed = passed if passed is not None else {}
 
         while True:
             try:
@@ -265,10 +269,13 @@ class RankPool:
                         f"rank {rank} of layout {self.layout.name} exited (code {proc.exitcode}) while {phase}"
                         + _at_step(rank, last_step))
             if time.monotonic() > deadline:
-                slow = min(range(len(self._procs)), key=lambda r: last_step.get(r, (-1, 0))[0])
+                # The ranks that passed the fewest step boundaries hold the others in a collective.
+                least = min(passed.get(r, -1) for r in range(len(self._procs)))
+                behind = [r for r in range(len(self._procs)) if passed.get(r, -1) == least]
+                who = f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
                 raise EngineError(
-                    f"rank {slow} of layout {self.layout.name} sent nothing for {self.rank_timeout_s:.0f} s while "
-                    f"{phase}" + _at_step(slow, last_step) + "; the pool was stopped")
+                    f"{who} of layout {self.layout.name} made no progress for {self.rank_timeout_s:.0f} s while "
+                    f"{phase}" + _at_step(behind[0], last_step) + "; the pool was stopped")
 
     def _blame_dead_rank(self, failed: int, last_step: dict[int, tuple[int, int]], wait_s: float = 2.0) -> None:
         """A collective error on one rank is often another rank's death: name the dead one."""
@@ -292,18 +299,21 @@ class RankPool:
         done: dict[int, tuple] = {}
         cancelled: dict[int, str] = {}
         last_step: dict[int, tuple[int, int]] = {}
+        passed: dict[int, int] = {}
         try:
             deadline = time.monotonic() + self.rank_timeout_s
             while len(done) + len(cancelled) < len(self._procs):
                 if cancel is not None and cancel.is_set():
                     self._cancel.set()
-                event = self._next_event(deadline, "running", last_step)
+                event = self._next_event(deadline, "running", last_step, passed)
                 deadline = time.monotonic() + self.rank_timeout_s
                 kind = event[0]
                 if kind == "step":
                     last_step[event[1]] = (event[3], event[4])
                     if event[1] == 0:
                         on_event(event)
+                elif kind == "passed":
+                    passed[event[1]] = event[2]
                 elif kind == "stage":
                     on_event(event)
                 elif kind == "done":
