@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from .errors import Cancelled, EngineError, InputError
-from .layouts import Layout, parse_layout
+from .layouts import parse_layout
 from .request import Request, build_request
 from .reproduce import write_atomic
 from .runs import check_outputs_root

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from magi2studio.errors import InputError
-from magi2studio.reproduce import DIFFERS, IDENTICAL, hash_verdict, load_reference, timing_checks
+from magi2studio.reproduce import DIFFERS, IDENTICAL, hash_verdict, load_reference, run_key, timing_checks
+from magi2studio.request import build_request
+from magi2studio.samples import BUNDLED_DIR
 
 FULL = {"frames_sha256": "61e6da48517e0d0f" + "a" * 48, "pcm_sha256": "3188e16c3487fc50" + "b" * 48}
 
@@ -85,3 +87,20 @@ def test_a_reference_that_is_not_json_or_not_there(tmp_path):
         with pytest.raises(InputError) as caught:
             load_reference(path)
         assert caught.value.field == "expect"
+
+
+def test_the_resume_key_is_the_request_by_content(tmp_path):
+    image = tmp_path / "first.jpeg"
+    image.write_bytes((BUNDLED_DIR / "assets" / "sample_000.jpeg").read_bytes())
+    base = build_request(mode="i2va", prompt="p", image=str(image), prompt_file="/a/sample_000.txt", steps=3)
+    key = run_key(base.model_dump(mode="json"), "sp1-cfg1", "embedded")
+    moved = base.model_copy(update={"prompt_file": "/elsewhere/sample_000.txt"}).model_dump(mode="json")
+    assert run_key(moved, "sp1-cfg1", "embedded") == key  # a moved or re-uploaded set still resumes
+    for changed in (base.model_copy(update={"seed": 43}), base.model_copy(update={"steps": 4})):
+        assert run_key(changed.model_dump(mode="json"), "sp1-cfg1", "embedded") != key
+    assert run_key(base.model_dump(mode="json"), "sp1-cfg2", "embedded") != key
+    assert run_key(base.model_dump(mode="json"), "sp1-cfg1", "vllm-omni") != key
+    image.write_bytes((BUNDLED_DIR / "assets" / "sample_001.jpeg").read_bytes())
+    assert run_key(base.model_dump(mode="json"), "sp1-cfg1", "embedded") != key  # same path, other picture
+    image.unlink()
+    assert run_key(base.model_dump(mode="json"), "sp1-cfg1", "embedded") is None

@@ -74,18 +74,6 @@ def test_a_second_invocation_resumes_and_skips_every_complete_run(first_run):
     assert report(out)["summary"]["resumed"] == 4 and report(out)["summary"]["ran"] == 0
 
 
-def test_a_changed_request_is_not_taken_for_a_finished_one(first_run, tmp_path):
-    _, out, _ = first_run
-    copy = tmp_path / "out"
-    shutil.copytree(out, copy)
-    one = tmp_path / "set.json"
-    shutil.copytree(BUNDLED_DIR / "assets", tmp_path / "assets")
-    one = tmp_path / "assets" / "one.json"
-    one.write_text(json.dumps([{"prompt_file": "assets/sample_001.txt"}]))
-    assert main(["reproduce", str(one), "--steps", STEPS, "--seed", "43", "--out", str(copy)]) == 0
-    assert report(copy)["summary"]["ran"] == 1
-
-
 def test_the_recorded_reference_verifies_identical(first_run):
     _, out, reference = first_run
     recorded = json.loads(reference.read_text())
