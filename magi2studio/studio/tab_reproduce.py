@@ -61,7 +61,7 @@ def build(ctx: StudioContext) -> None:
             upload = gr.File(label="Set JSON + its prompt and image files", file_count="multiple")
         with gr.Row():
             tier = gr.Dropdown([t for t, why in ctx.capabilities.tiers.items() if not why], value="272p", label="Tier")
-            layout = gr.Textbox("sp1-cfg1" if ctx.capabilities.max_world_size == 1 else "sp8-cfg1-ep4", label="Layout")
+            layout = gr.Textbox("sp1-cfg1" if ctx.capabilities.engine == "embedded" else "sp8-cfg1-ep4", label="Layout")
             seed = gr.Number(42, precision=0, label="Seed")
             policy = gr.Radio(list(SEED_POLICIES), value="fixed", label="Seed policy")
             steps = gr.Number(None, precision=0, label="Steps (empty: engine default)")
