@@ -119,8 +119,13 @@ def engine_capabilities(platform: str) -> dict[str, Any]:
 
 
 def weights_section(root: str | None, tier: str) -> dict[str, Any] | None:
-    if not (root or os.environ.get("MAGI2_CKPT_ROOT")):
+    env_root = os.environ.get("MAGI2_CKPT_ROOT")
+    if not (root or env_root):
         return None
+    if not root and not os.path.isdir(env_root):
+        # The image names the fixed mount point; only the GPU platforms mount weights there.
+        return {"ok": None, "root": env_root, "problems": [],
+                "note": "nothing mounted there (the embedded engine needs no weights; vllm-omni does)"}
     from .weights import check_weights
 
     try:
@@ -185,7 +190,8 @@ def render(report: dict[str, Any]) -> list[str]:
     if weights is None:
         lines.append("weights: not checked (set MAGI2_CKPT_ROOT or pass --root)")
     else:
-        lines.append(f"weights: {'ok' if weights['ok'] else 'NOT OK'} at {weights.get('root', '?')}")
+        state = {True: "ok", False: "NOT OK", None: weights.get("note")}[weights["ok"]]
+        lines.append(f"weights: {state} at {weights.get('root', '?')}")
         lines += [f"  {p['path']}: {p['problem']}" for p in weights["problems"]]
     for name, engine in report["engines"].items():
         if not engine["available"]:

@@ -46,8 +46,8 @@ def lock_problems(lock: dict) -> list[str]:
     for platform, entry in (lock.get("torch") or {}).items():
         if entry.get("source") not in ("pypi-cpu-wheel", "base-image"):
             problems.append(f"torch.{platform}: unknown source {entry.get('source')!r}")
-    if lock.get("vllm_omni", {}).get("source") not in ("pypi", "git"):
-        problems.append("vllm_omni.source must be pypi or git")
+    if lock.get("vllm_omni", {}).get("source") != "pypi":
+        problems.append("vllm_omni.source: only pypi is installed by image/install.sh")
     assets = lock.get("sandai_assets", {})
     if not re.fullmatch(r"[0-9a-f]{40}", str(assets.get("commit"))):
         problems.append("sandai_assets.commit must be a full commit hash")
@@ -72,6 +72,7 @@ def test_lock_is_pinned_and_known():
     (lambda lock: lock["base_images"].update(cpu="python:latest"), "must be a fixed tag"),
     (lambda lock: lock["base_images"].update(cuda="vllm/vllm-openai"), "must be a fixed tag"),
     (lambda lock: lock["sandai_assets"]["sha256"].update(LICENSE="abc"), "LICENSE: not a sha256"),
+    (lambda lock: lock["vllm_omni"].update(source="git"), "only pypi is installed"),
 ])
 def test_lock_with_unpinned_or_unknown_entry_is_refused(edit, expected):
     lock = yaml.safe_load((ROOT / "image" / "lock.yaml").read_text(encoding="utf-8"))

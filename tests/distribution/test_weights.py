@@ -151,3 +151,10 @@ def test_embedded_engines_tiny_checkpoint_passes_and_a_broken_copy_is_named(tmp_
     found = problems(check_weights(broken))
     assert set(found) == {f"preview/{shard.name}", "turbo_vae/checkpoint.ckpt"}
     assert "truncated" in found[f"preview/{shard.name}"]
+
+
+def test_doctor_says_when_the_image_mount_point_is_empty(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MAGI2_CKPT_ROOT", str(tmp_path / "not-mounted"))
+    assert main(["doctor"]) == 0
+    assert f"weights: nothing mounted there (the embedded engine needs no weights; vllm-omni does) " \
+           f"at {tmp_path / 'not-mounted'}" in capsys.readouterr().out
