@@ -342,7 +342,7 @@ def report_markdown(report: dict[str, Any]) -> str:
     for label, side in report["sides"].items():
         lines.append(f"- {label}: layout {side['layout']}, env {side['env'] or '{}'}, engine options "
                      f"{side['engine_options'] or '{}'}, request overrides {side['request_overrides'] or '{}'}")
-    lines += ["", "| # | side | pair | status | gate ms/step | engine start ms | process wall s | frames sha256 | pcm sha256 |",
+    lines += ["", "| # | side | pair | status | gate ms/step | engine start ms | run wall s | frames sha256 | pcm sha256 |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         lines.append(f"| {r['order'] + 1} | {r['side']} | {r['pair'] + 1} | {r['status']} | {fmt(r['gate_ms'])} "
