@@ -10,7 +10,21 @@ from .base import Engine
 ENGINE_NAMES = ("embedded", "vllm-omni")
 
 
+def import_torchada_first() -> bool:
+    """Import torchada before torch where it is installed (it maps CUDA-style calls to MUSA).
+
+    A no-op off MUSA; returns whether torchada was imported.
+    """
+
+    try:
+        import torchada  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def get_engine(name: str = "embedded", **options: Any) -> Engine:
+    import_torchada_first()
     if name == "embedded":
         from .embedded import EmbeddedEngine
 
