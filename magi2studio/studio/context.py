@@ -27,6 +27,8 @@ class StudioContext:
     - ``gpu_gib``: GPU memory assumed by the layout memory-fit line (real checkpoint).
     - ``demo``: the ``gr.Blocks`` being built (for ``demo.load`` events).
     - ``tabs``: the ``gr.Tabs``; switch with ``gr.Tabs(selected=<tab id>)`` as an output.
+      Create every component of a tab inside its ``gr.Tab`` block: one left between two
+      tabs shifts the later tabs' order (their buttons then show the wrong label).
     - ``form``: set by the Generate tab: its ``GenerateForm`` (the request fields, and
       ``values_from_manifest(manifest)`` to fill them back in, in ``form.fields`` order).
     - ``results``: set by the Results tab: its ``ResultsView`` (``components`` and
@@ -54,3 +56,4 @@ class StudioContext:
         for fn in self._deferred:
             fn()
         self._deferred.clear()
+

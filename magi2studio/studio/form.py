@@ -40,9 +40,16 @@ def _blank(value: Any) -> bool:
 
 
 def _whole(value: Any, field: str) -> int | None:
-    """Numbers from the page arrive as floats; whole ones become ints, others are refused."""
+    """Optional whole numbers arrive as text (blank: the engine's default) or, from the API, as
+    numbers; whole ones become ints, anything else is refused."""
     if _blank(value):
         return None
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise InputError(field, f"{value.strip()!r} is not a whole number",
+                             "write a whole number, or leave it blank for the default") from None
     if isinstance(value, float):
         if not value.is_integer():
             raise InputError(field, f"{value} is not a whole number", "use a whole number")
@@ -57,7 +64,7 @@ def layout_from_form(preset: str | None, sp: Any, cfg: Any, ep: Any) -> Layout:
     sp_value, cfg_value, ep_value = _whole(sp, "layout"), _whole(cfg, "layout"), _whole(ep, "layout")
     if sp_value is None or cfg_value is None:
         raise InputError("layout", "a custom layout needs SP and CFG", "fill in SP and CFG, or pick a preset")
-    layout = Layout(sp_value, cfg_value, ep_value or None)
+    layout = Layout(sp_value, cfg_value, ep_value)
     check_shape(layout)
     return layout
 
@@ -124,14 +131,14 @@ def layout_report(values: dict[str, Any], capabilities: Capabilities, engine: En
         layout = layout_from_form(values.get("layout_preset"), values.get("sp"), values.get("cfg"), values.get("ep"))
         warnings = engine.check_layout(layout, get_tier(values.get("tier") or "272p"))
     except InputError as err:
-        return f"❌ {err}"
-    lines = [f"✅ {layout.name}: world size {layout.world_size}, MoE heads split {layout.moe_shards} ways on "
+        return f"✗ {err}"
+    lines = [f"✓ {layout.name}: world size {layout.world_size}, MoE heads split {layout.moe_shards} ways on "
              f"{capabilities.engine}"]
-    lines += [f"⚠️ {warning}" for warning in warnings]
+    lines += [f"⚠ {warning}" for warning in warnings]
     lines.append(f"Real checkpoint, per GPU: {memory_fit_line(layout, gpu_gib)}")
     current = engine.layout
     if current is not None and current != layout:
-        lines.append(f"🔄 Generating will restart the engine: it runs {current.name} now, this is {layout.name}.")
+        lines.append(f"↻ Generating will restart the engine: it runs {current.name} now, this is {layout.name}.")
     return "\n\n".join(lines)
 
 

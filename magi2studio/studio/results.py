@@ -25,13 +25,13 @@ def timing_frame(records: list[dict]) -> pd.DataFrame:
         slowest = slowest_rank_per_step(records, stage)
         for step, ms in slowest.items():
             if step in EXCLUDED_STEPS:
-                rows.append({"step": step, "ms": ms, "series": f"{stage}: steps 0-1 (excluded from the metric)"})
+                rows.append({"step": step, "ms": ms, "series": f"{stage} steps 0-1 (excluded)"})
             else:
-                rows.append({"step": step, "ms": ms, "series": f"{stage}: slowest rank"})
+                rows.append({"step": step, "ms": ms, "series": f"{stage} slowest rank"})
         for record in records:
             if record["stage"] == stage:
                 rows.append({"step": record["step"], "ms": float(record["ms"]),
-                             "series": f"{stage}: rank {record['rank']}"})
+                             "series": f"{stage} rank {record['rank']}"})
     return pd.DataFrame(rows, columns=TIMING_COLUMNS)
 
 
@@ -44,15 +44,15 @@ def summary_frame(manifest: dict[str, Any]) -> pd.DataFrame:
     rows: list[tuple[str, str]] = []
     timing = manifest.get("timing", {})
     for stage, summary in timing.get("stages", {}).items():
-        rows.append((f"{stage}: gate metric (mean of the slowest rank, steps 0-1 dropped)",
+        rows.append((f"{stage} gate metric (slowest rank, steps 0-1 dropped)",
                      _ms(summary.get("gate_ms")) + "/step" if summary.get("gate_ms") is not None
                      else summary.get("note", "n/a")))
-        rows.append((f"{stage}: median / min / max",
+        rows.append((f"{stage} median / min / max",
                      " / ".join(_ms(summary.get(key)) for key in ("median_ms", "min_ms", "max_ms"))))
-        rows.append((f"{stage}: steps, ranks", f"{summary.get('steps')} steps on ranks {summary.get('ranks')}"))
-        rows.append((f"{stage}: total", _ms(summary.get("total_ms"))))
+        rows.append((f"{stage} steps, ranks", f"{summary.get('steps')} steps on ranks {summary.get('ranks')}"))
+        rows.append((f"{stage} total", _ms(summary.get("total_ms"))))
     for stage, ms in timing.get("stage_ms", {}).items():
-        rows.append((f"stage time: {stage}", _ms(ms)))
+        rows.append((f"stage {stage}", _ms(ms)))
     return pd.DataFrame(rows, columns=["what", "value"])
 
 

@@ -67,6 +67,7 @@ class EngineSlot:
         self.engine = engine
         self.outputs_root = Path(outputs_root)
         self.max_waiting = max_waiting
+        self.preload = preload
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: Job | None = None

@@ -46,12 +46,16 @@ class GenerateForm:
         by_name = {
             "mode": request["mode"], "prompt": request["prompt"], "prompt_file": None,
             "image": image, "negative_prompt": request.get("negative_prompt") or "",
-            "seed": request["seed"], "tier": request["tier"], "steps": request.get("steps"),
-            "refiner_steps": request.get("refiner_steps"), "video_cfg": request["video_cfg"],
+            "seed": request["seed"], "tier": request["tier"], "steps": _text(request.get("steps")),
+            "refiner_steps": _text(request.get("refiner_steps")), "video_cfg": request["video_cfg"],
             "audio_cfg": request["audio_cfg"], "compile": request.get("compile") or F.ENGINE_DEFAULT,
-            "deterministic": request["deterministic"], "layout_preset": preset, "sp": sp, "cfg": cfg, "ep": ep,
+            "deterministic": request["deterministic"], "layout_preset": preset, "sp": sp, "cfg": cfg, "ep": _text(ep),
         }
         return [by_name[name] for name in F.FIELDS]
+
+
+def _text(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def _progress_html(line: str, fraction: float | None = None) -> str:
@@ -85,12 +89,12 @@ def build(ctx: StudioContext) -> None:
                 with gr.Row():
                     seed = gr.Number(value=42, label="Seed", precision=None, minimum=0, maximum=MAX_SEED,
                                      elem_id="seed")
-                    random_seed = gr.Button("🎲 random", size="sm", scale=0)
+                    random_seed = gr.Button("random seed", size="sm", scale=0)
                 with gr.Row():
-                    steps = gr.Number(value=None, label=f"Steps (blank: engine default {caps.default_steps})",
-                                      elem_id="steps")
-                    refiner_steps = gr.Number(
-                        value=None, label=f"Refiner steps (1080p; blank: {caps.default_refiner_steps})")
+                    steps = gr.Textbox(value="", label="Steps", placeholder=f"engine default: {caps.default_steps}",
+                                       elem_id="steps")
+                    refiner_steps = gr.Textbox(value="", label="Refiner steps (1080p)",
+                                               placeholder=f"engine default: {caps.default_refiner_steps}")
                 with gr.Row():
                     video_cfg = gr.Number(value=5.0, label="Video CFG scale")
                     audio_cfg = gr.Number(value=7.0, label="Audio CFG scale")
@@ -102,7 +106,7 @@ def build(ctx: StudioContext) -> None:
                 tier = gr.Radio([(_tier_label(name, caps.tiers.get(name)), name) for name in TIERS],
                                 value=_first_runnable_tier(caps), label="Tier", elem_id="tier")
                 unavailable = [f"{name}: {reason}" for name, reason in caps.tiers.items() if reason]
-                gr.Markdown("\n\n".join(f"🚫 {line}" for line in unavailable), visible=bool(unavailable))
+                gr.Markdown("\n\n".join(f"⊘ {line}" for line in unavailable), visible=bool(unavailable))
                 errors["tier"] = _error_line("")
                 with gr.Group():
                     preset = gr.Dropdown([(f"{name}: {why}", name) for name, (_, why) in PRESETS.items()]
@@ -111,8 +115,8 @@ def build(ctx: StudioContext) -> None:
                     with gr.Row():
                         sp = gr.Number(value=1, label="SP (Ulysses)", precision=None, interactive=False)
                         cfg = gr.Number(value=1, label="CFG", precision=None, interactive=False)
-                        ep = gr.Number(value=None, label="EP (blank: follows SP)", precision=None,
-                                       interactive=False)
+                        ep = gr.Textbox(value="", label="EP", placeholder="blank: heads follow SP",
+                                        interactive=False)
                 layout_line = gr.Markdown(elem_id="layout-check")
                 errors["layout"] = _error_line("")
                 with gr.Row():
@@ -120,6 +124,8 @@ def build(ctx: StudioContext) -> None:
                     cancel = gr.Button("Cancel", variant="stop", elem_id="cancel")
                 errors["general"] = _error_line("")
                 progress = gr.HTML(_progress_html("idle"), elem_id="progress")
+        # Inside the Tab: a component between two tabs shifts the later tabs' order in Gradio 6.
+        timer = gr.Timer(2.0)
 
     fields = {"mode": mode, "prompt": prompt, "prompt_file": prompt_file, "image": image, "negative_prompt": negative,
               "seed": seed, "tier": tier, "steps": steps, "refiner_steps": refiner_steps, "video_cfg": video_cfg,
@@ -136,12 +142,11 @@ def build(ctx: StudioContext) -> None:
 
     def preset_changed(preset_value):
         custom = preset_value == F.CUSTOM
-        updates = [gr.Number(interactive=custom)] * 3
-        if not custom and preset_value in PRESETS:
-            layout = PRESETS[preset_value][0]
-            updates = [gr.Number(value=layout.sp, interactive=False), gr.Number(value=layout.cfg, interactive=False),
-                       gr.Number(value=layout.ep, interactive=False)]
-        return updates
+        if custom or preset_value not in PRESETS:
+            return gr.Number(interactive=True), gr.Number(interactive=True), gr.Textbox(interactive=True)
+        layout = PRESETS[preset_value][0]
+        return (gr.Number(value=layout.sp, interactive=False), gr.Number(value=layout.cfg, interactive=False),
+                gr.Textbox(value="" if layout.ep is None else str(layout.ep), interactive=False))
 
     preset.change(preset_changed, preset, [sp, cfg, ep], queue=False, api_visibility="private").then(
         check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
@@ -186,7 +191,7 @@ def build(ctx: StudioContext) -> None:
             run_request, layout, _warnings = F.request_from_form(form_values, caps, ctx.engine)
             job = ctx.slot.submit(run_request, layout, request.session_hash or "anonymous")
         except InputError as err:
-            yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"❌ {err}"),
+            yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"✗ {err}"),
                    progress: _progress_html("refused: fix the field marked above")}
             raise gr.Error(str(err), print_exception=False) from None
         yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket})")}
@@ -202,17 +207,16 @@ def build(ctx: StudioContext) -> None:
             elif update.kind == "done":
                 took = time.monotonic() - started
                 yield {**ctx.results.values_for(update.run),
-                       progress: _progress_html(f"done in {took:.1f} s: {update.run.path.name}", 1.0),
-                       ctx.tabs: gr.Tabs(selected="results")}
+                       progress: _progress_html(f"done in {took:.1f} s: {update.run.path.name}", 1.0)}
             elif update.kind == "refused":
-                yield {errors[F.box_for(update.error.field)]: _error_line(f"❌ {update.error}"),
+                yield {errors[F.box_for(update.error.field)]: _error_line(f"✗ {update.error}"),
                        progress: _progress_html("refused by the engine")}
                 raise gr.Error(update.message, print_exception=False)
             elif update.kind == "cancelled":
                 yield {progress: _progress_html(update.message)}
                 raise gr.Error(update.message, title="Cancelled", print_exception=False)
             else:
-                yield {errors["general"]: _error_line(f"❌ {update.message}"),
+                yield {errors["general"]: _error_line(f"✗ {update.message}"),
                        progress: _progress_html("failed")}
                 raise gr.Error(update.message, print_exception=False)
 
@@ -222,14 +226,14 @@ def build(ctx: StudioContext) -> None:
         return _progress_html("nothing of yours is running or waiting")
 
     def wire() -> None:
-        outputs = [*ctx.results.components, progress, *error_boxes, ctx.tabs]
+        outputs = [*ctx.results.components, progress, *error_boxes]
         generate.click(generate_run, inputs, outputs, api_name="generate", concurrency_limit=None,
-                       show_progress="hidden")
+                       show_progress="hidden").success(
+            lambda: gr.Tabs(selected="results"), None, ctx.tabs, queue=False, api_visibility="private")
         cancel.click(cancel_mine, None, progress, api_name="cancel", queue=False)
         ctx.demo.load(check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
 
     ctx.defer(wire)
-    timer = gr.Timer(2.0)
     timer.tick(lambda: _status_text(ctx), None, status, queue=False, show_progress="hidden",
                api_visibility="private")
 
@@ -252,14 +256,15 @@ def _first_runnable_tier(caps) -> str:
 
 
 def _default_preset(ctx: StudioContext) -> str:
-    if ctx.engine.layout is not None:
-        name = ctx.engine.layout.name
-        return name if name in PRESETS else F.CUSTOM
-    for name, (layout, _) in PRESETS.items():
-        if layout.world_size <= ctx.capabilities.max_world_size:
-            try:
-                ctx.engine.check_layout(layout, TIERS["272p"])
-            except InputError:
-                continue
-            return name
+    """The layout the engine runs or preloads, else the first preset it takes without warnings
+    (PRESETS lists the seed's fastest layouts first)."""
+    layout = ctx.engine.layout or ctx.slot.preload
+    if layout is not None:
+        return layout.name if layout.name in PRESETS else F.CUSTOM
+    for name, (candidate, _) in PRESETS.items():
+        try:
+            if not ctx.engine.check_layout(candidate, TIERS["272p"]):
+                return name
+        except InputError:
+            continue
     return F.CUSTOM

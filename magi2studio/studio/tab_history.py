@@ -43,9 +43,11 @@ def build(ctx: StudioContext) -> None:
         except (IndexError, InputError) as err:
             raise gr.Error(f"that run folder is gone or incomplete ({err}); press Refresh",
                            print_exception=False) from None
-        return {**ctx.results.values_for(run), ctx.tabs: gr.Tabs(selected="results")}
+        return ctx.results.values_for(run)
 
     for trigger in (tab.select, refresh.click):
         trigger(load_history, None, [gallery, shown, count], api_visibility="private")
+    ctx.defer(lambda: ctx.demo.load(load_history, None, [gallery, shown, count], api_visibility="private"))
 
-    ctx.defer(lambda: gallery.select(pick, shown, [*ctx.results.components, ctx.tabs], api_visibility="private"))
+    ctx.defer(lambda: gallery.select(pick, shown, ctx.results.components, api_visibility="private").success(
+        lambda: gr.Tabs(selected="results"), None, ctx.tabs, queue=False, api_visibility="private"))

@@ -63,10 +63,11 @@ def build(ctx: StudioContext) -> None:
             with gr.Column():
                 plot = gr.LinePlot(value=R.timing_frame([]), x="step", y="ms", color="series",
                                    title="Per-step time (ms): slowest rank and each rank",
-                                   x_title="step", y_title="ms", elem_id="timing-plot", height=320,
+                                   x_title="step", y_title="ms", elem_id="timing-plot", height=400,
                                    label="per-step timing")
                 summary = gr.Dataframe(value=R.summary_frame({}), headers=["what", "value"], interactive=False,
-                                       label="Timing summary", elem_id="timing-summary", wrap=True)
+                                       label="Timing summary", elem_id="timing-summary", wrap=True,
+                                       column_widths=["55%", "45%"])
         with gr.Row():
             reuse = gr.Button("Use these settings", elem_id="use-settings")
             download = gr.File(label="The run folder as a zip", interactive=False, elem_id="run-zip")
@@ -80,7 +81,8 @@ def build(ctx: StudioContext) -> None:
         if not path:
             raise gr.Error("no run is shown: generate one, or pick one in History", print_exception=False)
         values = ctx.form.values_from_manifest(load_run(Path(path)).manifest)
-        return [*values, gr.Tabs(selected="generate")]
+        return values
 
-    ctx.defer(lambda: reuse.click(use_settings, run_path, [*(ctx.form.fields[n] for n in FIELDS), ctx.tabs],
-                                  api_visibility="private"))
+    ctx.defer(lambda: reuse.click(use_settings, run_path, [ctx.form.fields[n] for n in FIELDS],
+                                  api_visibility="private").success(
+        lambda: gr.Tabs(selected="generate"), None, ctx.tabs, queue=False, api_visibility="private"))
