@@ -12,7 +12,7 @@ Two launches, each a grouped GEMM over the CSR route layout from :mod:`magi2_ker
 
 Why two launches and not one: a single kernel must keep a ``[BLOCK_M, 256]`` fp32 W2 accumulator
 live next to the W13 accumulators and serialises the two GEMMs inside every program, which is how
-vLLM-Omni 0.30.0's fused kernel stays near 160 TFLOP/s on the H200. Split, each GEMM pipelines on
+vLLM-Omni 0.30.0's fused kernel stays near 175 TFLOP/s on the H200. Split, each GEMM pipelines on
 its own; the price is one write and one read of the bf16 hidden rows (accounted in
 docs/performance.md).
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -57,7 +57,6 @@ class Platform:
     w2: GemmConfig
     dot_precision: str
     capability: tuple[int, int] | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     def describe(self) -> dict[str, object]:
         return {

@@ -17,15 +17,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in fp64; NaN anywhere in ``out`` gives inf."""
-
-    out64, ref64 = out.double(), ref.double()
-    if not torch.isfinite(out64).all():
-        return float("inf")
-    return float((out64 - ref64).norm() / ref64.norm())
-
-
 @pytest.fixture
 def gen(request) -> torch.Generator:
     """A generator seeded from the test id: fresh inputs per test and parameter set, reproducible."""

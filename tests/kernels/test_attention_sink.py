@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel_err
+from kernel_testing import rel_err
 
 from magi2_kernels import attention_sink
 

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from conftest import rel_err
+from kernel_testing import rel_err
 
 from magi2_kernels import overrides
 

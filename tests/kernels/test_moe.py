@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel_err
+from kernel_testing import rel_err
 
 from magi2_kernels import moe, routing
 from magi2_kernels.platform import current_platform
