@@ -91,3 +91,28 @@ def test_overrides_match_upstream_and_are_deterministic(restore_upstream, monkey
     assert rel_err(ours, expected) <= 1e-4
     assert rel_err(first, expected) <= 1e-4
     assert digest(first) == digest(second)
+
+
+def test_reference_paths_match_upstream(restore_upstream, monkeypatch, gen):
+    """CPU without TRITON_INTERPRET: "on" installs our PyTorch references (the embedded engine's case)."""
+
+    from dataclasses import replace
+
+    from magi2_kernels import moe
+    from magi2_kernels.platform import current_platform
+
+    calls = []
+    real_reference = moe.reference_moe
+    monkeypatch.setattr(moe, "reference_moe", lambda *a, **k: calls.append(1) or real_reference(*a, **k))
+    cpu = replace(current_platform(), name="cpu", triton=False, interpreter=False)
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    model = tiny_model(seed)
+    args = model_args(model, seed + 1)
+    with torch.no_grad():
+        overrides.install_overrides("off")
+        expected = model(*args)
+        report = overrides.install_overrides("on", platform=cpu)
+        assert all(v == "ours:reference" for k, v in report.items() if k != "platform"), report
+        ours = model(*args)
+    assert calls == [1]
+    assert rel_err(ours, expected) <= 1e-4
