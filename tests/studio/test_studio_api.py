@@ -104,8 +104,8 @@ def test_a_layout_the_engine_cannot_run_is_refused_with_the_engines_reason(studi
     from magi2studio.tiers import get_tier
 
     with pytest.raises(InputError) as engine:
-        studio.ctx.engine.check_layout(Layout(2, 1), get_tier("272p"))
-    assert refusal(studio, layout_preset="custom", sp=2, cfg=1) == str(engine.value)
+        studio.ctx.engine.check_layout(Layout(8, 1), get_tier("272p"))
+    assert refusal(studio, layout_preset="custom", sp=8, cfg=1) == str(engine.value)
 
 
 def test_a_bad_field_is_refused_like_the_cli(studio):

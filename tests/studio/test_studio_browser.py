@@ -68,7 +68,7 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
     assert box is not None and box["height"] > 150
     assert "seed **2026**" not in page.locator("#run-headline").inner_text()  # rendered, not raw markdown
     assert "2026" in page.locator("#run-headline").inner_text()
-    assert page.locator("#timing-summary").get_by_text("gate metric").first.is_visible()
+    page.locator("#timing-summary").get_by_text("gate metric").filter(visible=True).first.wait_for(timeout=30_000)
     video.evaluate("v => v.pause()")
     page.screenshot(path=str(IMAGES / "studio-results.png"), full_page=True)
 
@@ -76,10 +76,12 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
     page.locator("#history-gallery img").first.wait_for(state="visible", timeout=30_000)
     page.screenshot(path=str(IMAGES / "studio-history.png"), full_page=True)
 
-    # The replay path: pick the run in History, then "Use these settings" fills the form back in.
-    page.locator("#history-gallery img").first.click()
-    page.locator("#run-headline").get_by_text("2026").first.wait_for(timeout=30_000)
+    # The replay path: change the form, pick the run in History, "Use these settings" refills it.
+    page.get_by_role("tab", name="Generate").click()
     page.locator("#seed input").fill("1")
+    page.get_by_role("tab", name="History").click()
+    page.locator("#history-gallery img").first.click()
+    page.locator("#use-settings").wait_for(state="visible", timeout=30_000)
     page.locator("#use-settings").click()
     page.wait_for_function("() => document.querySelector('#seed input').value === '2026'", timeout=30_000)
     assert page.locator("#steps input, #steps textarea").first.input_value() == "4"
