@@ -22,16 +22,17 @@ def timing_frame(records: list[dict]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     stages = sorted({r["stage"] for r in records}, key=lambda s: (s != "preview", s))
     for stage in stages:
-        slowest = slowest_rank_per_step(records, stage)
-        for step, ms in slowest.items():
-            if step in EXCLUDED_STEPS:
-                rows.append({"step": step, "ms": ms, "series": f"{stage} steps 0-1 (excluded)"})
-            else:
-                rows.append({"step": step, "ms": ms, "series": f"{stage} slowest rank"})
-        for record in records:
-            if record["stage"] == stage:
-                rows.append({"step": record["step"], "ms": float(record["ms"]),
-                             "series": f"{stage} rank {record['rank']}"})
+        ranks = sorted({r["rank"] for r in records if r["stage"] == stage})
+        # With one rank its line is the slowest-rank line; drawing both would hide one.
+        slowest_name = f"{stage} slowest rank" if len(ranks) > 1 else f"{stage} rank {ranks[0]} (the only rank)"
+        for step, ms in slowest_rank_per_step(records, stage).items():
+            series = f"{stage} steps 0-1 (excluded)" if step in EXCLUDED_STEPS else slowest_name
+            rows.append({"step": step, "ms": ms, "series": series})
+        if len(ranks) > 1:
+            for record in records:
+                if record["stage"] == stage:
+                    rows.append({"step": record["step"], "ms": float(record["ms"]),
+                                 "series": f"{stage} rank {record['rank']}"})
     return pd.DataFrame(rows, columns=TIMING_COLUMNS)
 
 
