@@ -64,22 +64,13 @@ def _w13_swiglu_kernel(
     if K_STEPS == 1:
         # BLOCK_K == d_head: the x tile is loaded once and stays resident while the weight
         # n-blocks stream through the pipelined loop.
-        # The epilogue of n-block j runs after the MMAs of block j + 1 are issued, so the tensor
-        # cores have work while this program does the SFU-heavy SwiGLU7 (ncu: W13 was issue- and
-        # latency-bound at one 8-warp program per SM).
         a = tl.load(x_rows[:, None] + offs_k[None, :] * stride_xd, mask=row_ok[:, None], other=0.0)
-        n0 = group * N_PER_PROGRAM * BLOCK_N
-        w_ptrs = w_base + offs_k[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
-        gate = tl.dot(a, tl.load(w_ptrs))
-        up = tl.dot(a, tl.load(w_ptrs + up_offset))
-        for j in tl.range(1, N_PER_PROGRAM):
-            next_n0 = (group * N_PER_PROGRAM + j) * BLOCK_N
-            w_ptrs = w_base + offs_k[:, None] * stride_wk + (next_n0 + offs_n)[None, :] * stride_wn
-            next_gate = tl.dot(a, tl.load(w_ptrs))
-            next_up = tl.dot(a, tl.load(w_ptrs + up_offset))
+        for j in tl.range(0, N_PER_PROGRAM):
+            n0 = (group * N_PER_PROGRAM + j) * BLOCK_N
+            w_ptrs = w_base + offs_k[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
+            gate = tl.dot(a, tl.load(w_ptrs))
+            up = tl.dot(a, tl.load(w_ptrs + up_offset))
             _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, n0 + offs_n, D_EXPERT)
-            gate, up, n0 = next_gate, next_up, next_n0
-        _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, n0 + offs_n, D_EXPERT)
     else:
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
