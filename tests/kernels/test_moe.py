@@ -105,13 +105,14 @@ def test_rejects_shapes_off_the_block_grid(gen):
         moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down)
 
 
+@pytest.mark.parametrize("n_per_program", [1, 2, 4])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_resident_x_path_matches_fp64(gen, poison, deterministic):
+def test_resident_x_path_matches_fp64(gen, poison, deterministic, n_per_program):
     """BLOCK_K == d_head takes the W13 path that loads the x tile once per program."""
 
     from magi2_kernels.platform import GemmConfig
 
     x, routes, w13, w_down, _ = make_problem(gen, 45, 3, 8, 64, 128, 2, torch.float32)
     out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down,
-                          deterministic=deterministic, w13_config=GemmConfig(16, 32, 64, 4, 1, 2))
+                          deterministic=deterministic, w13_config=GemmConfig(16, 32, 64, 4, 1, n_per_program))
     assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
