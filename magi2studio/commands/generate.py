@@ -75,15 +75,13 @@ def run(args: argparse.Namespace) -> int:
     from ..engines import get_engine
     from ..layouts import parse_layout
     from ..progress import ConsoleProgress
-    from ..tiers import get_tier
 
     request = request_from_args(args)
     layout = parse_layout(args.layout)
-    out = runs.check_outputs_root(Path(args.out))
     engine = get_engine(args.engine)
-    engine.check_layout(layout, get_tier(request.tier))
+    # execute() checks the outputs root and the layout before the engine starts.
     with ConsoleProgress() as progress:
-        folder = runs.execute(engine, request, layout, out, on_progress=progress)
+        folder = runs.execute(engine, request, layout, Path(args.out), on_progress=progress)
     print_summary(folder)
     return 0
 

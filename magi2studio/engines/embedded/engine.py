@@ -24,7 +24,7 @@ from .tiny import TinyConfig
 
 ENGINE_NAME = "embedded"
 MAX_RANKS = 4  # CPU ranks the embedded engine will start (oversubscribing small machines)
-_parallel_state: tuple[int, int] | None = None  # (ulysses, cfg) initialized in this process
+_parallel_initialized = False  # upstream's world-1 groups in this process (pools own theirs)
 
 
 class EmbeddedEngine(Engine):
@@ -104,7 +104,7 @@ class EmbeddedEngine(Engine):
                 return False
             self._stop()
             if layout.world_size == 1:
-                self._start_in_process(layout)
+                self._start_in_process()
             else:
                 from .checkpoint import ensure_checkpoint
 
@@ -113,20 +113,17 @@ class EmbeddedEngine(Engine):
             self._layout = layout
             return True
 
-    def _start_in_process(self, layout: Layout) -> None:
-        global _parallel_state
+    def _start_in_process(self) -> None:
+        global _parallel_initialized
         from . import upstream_patches
         from .checkpoint import ensure_checkpoint
         from .components import load_components
         from .driver import EmbeddedDriver
 
-        wanted = (layout.sp, layout.cfg)
-        if _parallel_state != wanted:
-            if _parallel_state is not None:
-                upstream_patches.destroy_parallel()
-            upstream_patches.init_parallel(world_size=layout.world_size, rank=0, port=upstream_patches.free_port(),
-                                           ulysses_degree=layout.sp, cfg_parallel_size=layout.cfg)
-            _parallel_state = wanted
+        if not _parallel_initialized:
+            upstream_patches.init_parallel(world_size=1, rank=0, port=upstream_patches.free_port(),
+                                           ulysses_degree=1, cfg_parallel_size=1)
+            _parallel_initialized = True
         install_step_hooks()
         root = ensure_checkpoint(self.config, self.checkpoint_root)
         self._components = load_components(root)
@@ -153,9 +150,7 @@ class EmbeddedEngine(Engine):
             return self._generate_on_pool(request, on_progress, cancel)
         from . import upstream_patches
 
-        tier = get_tier(request.tier)
-        steps = request.steps or self.config.default_steps
-        compile_mode = request.compile or "eager"
+        tier, steps, compile_mode = self._resolve(request)
         started = time.perf_counter()
 
         def emit(event: Progress) -> None:
@@ -183,9 +178,7 @@ class EmbeddedEngine(Engine):
             sample_rate=AUDIO_SAMPLE_RATE,
             step_records=[r.as_dict() for r in timer.records],
             stage_ms=out.stage_ms,
-            resolved={"steps": steps, "compile": compile_mode, "negative_prompt": out.negative_prompt_source,
-                      "deterministic": request.deterministic,
-                      "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None}},
+            resolved=_resolved(request, steps, compile_mode, out.negative_prompt_source),
             engine_info=self.info(),
         )
 
@@ -193,9 +186,7 @@ class EmbeddedEngine(Engine):
                           cancel: threading.Event | None) -> Generation:
         """Run on every rank of the pool; rank 0's frames and audio, every rank's step times."""
 
-        tier = get_tier(request.tier)
-        steps = request.steps or self.config.default_steps
-        compile_mode = request.compile or "eager"
+        tier, steps, compile_mode = self._resolve(request)
         started = time.perf_counter()
 
         def on_event(event: tuple) -> None:
@@ -223,11 +214,14 @@ class EmbeddedEngine(Engine):
             sample_rate=AUDIO_SAMPLE_RATE,
             step_records=result.step_records,
             stage_ms=result.stage_ms,
-            resolved={"steps": steps, "compile": compile_mode, "negative_prompt": result.negative_prompt_source,
-                      "deterministic": request.deterministic,
-                      "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None}},
+            resolved=_resolved(request, steps, compile_mode, result.negative_prompt_source),
             engine_info={**self.info(), "ranks": self._layout.world_size, "backend": pool.backend},
         )
+
+    def _resolve(self, request: Request) -> tuple[Tier, int, str]:
+        """The request's tier, and its engine defaults filled in."""
+
+        return get_tier(request.tier), request.steps or self.config.default_steps, request.compile or "eager"
 
     def info(self) -> dict:
         components, pool = self._components, self._pool
@@ -248,3 +242,11 @@ class EmbeddedEngine(Engine):
             "checkpoint": checkpoint,
             "loaded_weights": loaded,
         }
+
+
+def _resolved(request: Request, steps: int, compile_mode: str, negative_prompt_source: str) -> dict:
+    """What the manifest records as resolved for a run, whichever way it ran."""
+
+    return {"steps": steps, "compile": compile_mode, "negative_prompt": negative_prompt_source,
+            "deterministic": request.deterministic,
+            "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None}}
