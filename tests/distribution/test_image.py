@@ -177,3 +177,11 @@ def test_build_image_refuses_without_an_engine(tmp_path):
                             text=True, env=env)
     assert result.returncode == 2
     assert "no Docker engine is reachable" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_lock_pins_the_weights_snapshot_vllm_omni_pins():
+    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import MAGI2_MODEL_ID, MAGI2_MODEL_REVISION
+
+    assert LOCK["weights"]["repository"] == MAGI2_MODEL_ID
+    assert LOCK["weights"]["revision"] == MAGI2_MODEL_REVISION
+    assert f"--revision {MAGI2_MODEL_REVISION}" in (ROOT / "docs" / "container.md").read_text()
