@@ -47,12 +47,18 @@ class _Stages:
 
 
 class EmbeddedDriver:
-    def __init__(self, components: Components) -> None:
+    """Runs requests on ``device`` (the CPU, or a rank's GPU under NCCL)."""
+
+    def __init__(self, components: Components, device: torch.device | str = "cpu") -> None:
         from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
         from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
 
         self.c = components
-        self.sampler = Magi2PreviewSampler(components.transformer, Magi2DataProxy(), device="cpu")
+        self.device = torch.device(device)
+        for module in (components.transformer, components.text_encoder, components.image_encoder,
+                       components.video_decoder, components.audio_decoder):
+            module.to(self.device)
+        self.sampler = Magi2PreviewSampler(components.transformer, Magi2DataProxy(), device=self.device)
 
     # -- conditioning ----------------------------------------------------------------------
     def encode_prompts(self, prompt: str, negative: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,8 +83,8 @@ class EmbeddedDriver:
             padded = _resizepad(image, height, width)
         pixels = torch.from_numpy(np.asarray(padded, dtype=np.float32) / 127.5 - 1.0)
         pixels = pixels.permute(2, 0, 1).unsqueeze(0).unsqueeze(2)  # [1, 3, 1, H, W]
-        latent = self.c.image_encoder.encode_video(pixels, use_sample=False)
-        lengths = torch.tensor([[[latent.shape[-2], latent.shape[-1]]]], dtype=torch.long)
+        latent = self.c.image_encoder.encode_video(pixels.to(self.device), use_sample=False)
+        lengths = torch.tensor([[[latent.shape[-2], latent.shape[-1]]]], dtype=torch.long, device=self.device)
         return latent.unsqueeze(1), lengths
 
     # -- decoding ---------------------------------------------------------------------------
@@ -87,7 +93,7 @@ class EmbeddedDriver:
 
         decoded = self.c.video_decoder.decode(latent.float())
         video = decoded[0].float().mul_(0.5).add_(0.5).clamp_(0, 1)
-        frames = video.permute(1, 2, 3, 0).mul_(255).byte().numpy()
+        frames = video.permute(1, 2, 3, 0).mul_(255).byte().cpu().numpy()
         # The tiny decoder yields fewer frames than the tier; sample them evenly over the clip.
         index = np.floor(np.arange(tier.frames) * len(frames) / tier.frames).astype(np.int64)
         return np.ascontiguousarray(_resize_video(frames[index], tier.width, tier.height))
@@ -96,7 +102,7 @@ class EmbeddedDriver:
         from scipy.signal import resample
 
         waveform = self.c.audio_decoder.decode(audio_latent.transpose(1, 2).float())
-        audio = waveform.squeeze(0).transpose(0, 1).float().numpy()
+        audio = waveform.squeeze(0).transpose(0, 1).float().cpu().numpy()
         # Fourier resampling as upstream does, to exactly the clip's length at 44.1 kHz.
         return resample(audio, int(round(seconds * AUDIO_SAMPLE_RATE)), axis=0).astype(np.float32)
 
@@ -130,11 +136,12 @@ class EmbeddedDriver:
         config = self.c.config
         stride = config.spatial_stride
         audio_length = int(round(tier.seconds * config.audio_latent_fps))
-        # Draw order is parity-critical upstream: video noise precedes audio noise.
+        # Draw order is parity-critical upstream: video noise precedes audio noise. Both are drawn
+        # from the CPU generator, so every device and layout starts from the same noise.
         latent = torch.randn(1, VIDEO_CHANNELS, config.latent_frames, tier.height // stride, tier.width // stride,
-                             dtype=torch.float32)
-        audio_latent = torch.randn(1, audio_length, AUDIO_CHANNELS, dtype=torch.float32)
-        video_scheduler, audio_scheduler = build_magi2_preview_schedulers(steps, device="cpu", shift=7.0)
+                             dtype=torch.float32).to(self.device)
+        audio_latent = torch.randn(1, audio_length, AUDIO_CHANNELS, dtype=torch.float32).to(self.device)
+        video_scheduler, audio_scheduler = build_magi2_preview_schedulers(steps, device=self.device, shift=7.0)
         sampler_input = SamplerInput(
             video_t_list=video_scheduler.timesteps,
             audio_t_list=audio_scheduler.timesteps,
@@ -142,7 +149,7 @@ class EmbeddedDriver:
             audio_latent=audio_latent,
             txt_feat=context,
             null_txt_feat=context_null,
-            ref_audio_feat=torch.zeros(1, 0, AUDIO_CHANNELS),
+            ref_audio_feat=torch.zeros(1, 0, AUDIO_CHANNELS, device=self.device),
             ref_video_feat=None,
             video_scheduler=video_scheduler,
             audio_scheduler=audio_scheduler,

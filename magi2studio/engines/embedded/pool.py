@@ -150,8 +150,8 @@ def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, chec
             patch_gloo_uneven_gather()
         install_step_hooks()
         components = load_components(Path(checkpoint))
-        driver = EmbeddedDriver(components)
         flag_device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        driver = EmbeddedDriver(components, device=flag_device)
         fault = _parse_fault(rank)
     except BaseException:
         events.put(("error", rank, None, traceback.format_exc()))
