@@ -50,13 +50,36 @@ def topology_refusal(parallel, **config_kwargs: Any) -> str | None:
     from vllm_omni.diffusion.data import OmniDiffusionConfig
     from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _validate_native_topology
 
+    from vllm_omni.diffusion.models.magi2 import pipeline_magi2
+
     config = OmniDiffusionConfig.from_kwargs(model="sand-ai/MAGI-2-preview", model_class_name="Magi2Pipeline",
                                              parallel_config=parallel, **config_kwargs)
+    # The validator's last check compares the layout with *this* process's torch.distributed
+    # world; here (the studio / CLI process, not a worker) that world is unrelated, e.g. the
+    # embedded engine's own one-process group. Show the validator no world.
+    real_dist = pipeline_magi2.dist
+    pipeline_magi2.dist = _NoWorld(real_dist)
     try:
         _validate_native_topology(config)
     except ValueError as err:
         return str(err)
+    finally:
+        pipeline_magi2.dist = real_dist
     return None
+
+
+class _NoWorld:
+    """``torch.distributed`` as seen from a process that is not part of the worker world."""
+
+    def __init__(self, dist) -> None:
+        self._dist = dist
+
+    def __getattr__(self, name: str):
+        return getattr(self._dist, name)
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return False
 
 
 def _probe(ulysses: int, **config_kwargs: Any) -> str | None:

@@ -130,8 +130,14 @@ class EmbeddedEngine(Engine):
         self._driver = EmbeddedDriver(self._components)
 
     def _stop(self) -> None:
+        global _parallel_initialized
         if self._pool is not None:
             self._pool.close()
+        if self._driver is not None and _parallel_initialized:
+            from . import upstream_patches
+
+            upstream_patches.destroy_parallel()  # the process's torch.distributed world is ours to release
+            _parallel_initialized = False
         self._pool = None
         self._driver = None
         self._components = None

@@ -126,7 +126,7 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, checkpoint: str, parent_pid: int,
-               jobs, events, cancel_flag) -> None:
+               jobs, events, cancel_flag, acks) -> None:
     """One rank: set up upstream's groups and the components, then run jobs until told to stop."""
 
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
@@ -167,6 +167,10 @@ def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, chec
         def on_step(stage: str, index: int, total: int) -> None:
             events.put(("step", rank, stage, index, total))
             current_step["index"] = index + 1
+            if rank == 0:
+                # Wait until the parent has handled this step's progress (which may cancel), so
+                # a cancel raised by step i's event stops every rank at step i's boundary.
+                acks.get()
             flag = torch.tensor([1 if cancel_flag.is_set() else 0], dtype=torch.int32, device=flag_device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if int(flag.item()):
@@ -222,12 +226,13 @@ class RankPool:
         context = mp.get_context("spawn")
         self._events = context.Queue()
         self._cancel = context.Event()
+        self._acks = context.Queue()  # parent -> rank 0: "step i's progress was handled"
         self._jobs = [context.Queue() for _ in range(layout.world_size)]
         port = free_port()
         self._procs = [
             context.Process(target=_rank_main, name=f"magi2studio-rank{rank}", daemon=True,
                             args=(rank, (layout.sp, layout.cfg), port, self.backend, str(checkpoint), os.getpid(),
-                                  self._jobs[rank], self._events, self._cancel))
+                                  self._jobs[rank], self._events, self._cancel, self._acks))
             for rank in range(layout.world_size)
         ]
         for proc in self._procs:
@@ -312,6 +317,9 @@ class RankPool:
                     last_step[event[1]] = (event[3], event[4])
                     if event[1] == 0:
                         on_event(event)
+                        if cancel is not None and cancel.is_set():
+                            self._cancel.set()
+                        self._acks.put(event[3])
                 elif kind == "passed":
                     passed[event[1]] = event[2]
                 elif kind == "stage":
@@ -358,7 +366,7 @@ class RankPool:
             if proc.exitcode is None:
                 proc.kill()
                 proc.join(2.0)
-        for handle in (self._events, *self._jobs):
+        for handle in (self._events, self._acks, *self._jobs):
             handle.cancel_join_thread()
             handle.close()
         self._procs = []
