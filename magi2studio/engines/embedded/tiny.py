@@ -47,6 +47,20 @@ class TinyConfig:
     # Default denoising steps: the tier's own 100 (about 15 s at 272p on 2 cores).
     default_steps: int = 100
     default_refiner_steps: int = 5
+    # Refiner DiT (1080p): dense, GQA 4:1 as the real 32 query heads over 8 KV groups, the
+    # multimodal first-two/last-two layers of Sand AI's mm_layers (0, 1, 28, 29 of 30), and
+    # block-window attention in every layer (local_attn_layers is all 30 layers).
+    refiner_num_layers: int = 6
+    refiner_num_query_groups: int = 2
+    refiner_multimodal_layers: tuple[int, ...] = (0, 1, 4, 5)
+    refiner_local_attn_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
+    # The refiner latent: the real strides go from (8, 16, 16) to (4, 16, 16), so the refiner
+    # has 2T-1 latent frames; spatially it is 1920x1088 at the tiny stride (17 x 30).
+    # Blocks are 8 x 4 x 4 latent tokens in Sand AI's config; at 7 tiny latent frames an
+    # 8-frame block would span the whole clip, so the tiny block is 2 frames long.
+    refiner_block_t: int = 2
+    refiner_block_hw: int = 4
+    refiner_block_radius: int = 2
     extra: dict = field(default_factory=dict)
 
     @property
@@ -81,6 +95,35 @@ class TinyConfig:
             ),
         )
 
+    @property
+    def refiner_latent_frames(self) -> int:
+        return 2 * self.latent_frames - 1
+
+    def refiner_config(self):
+        """Upstream's config class for the dense refiner: no MoE layer (``layers=()``)."""
+
+        import torch
+        from vllm_omni.diffusion.models.magi2.configuration_magi2 import Magi2MoEConfig, Magi2PreviewConfig
+
+        return Magi2PreviewConfig(
+            num_layers=self.refiner_num_layers,
+            hidden_size=self.hidden_size,
+            head_dim=self.head_dim,
+            num_query_groups=self.refiner_num_query_groups,
+            text_in_channels=self.text_hidden,
+            multimodal_layers=self.refiner_multimodal_layers,
+            params_dtype=torch.float32,
+            # Dense: every layer builds Magi2MLP. The head count only has to divide the width.
+            moe=Magi2MoEConfig(num_heads=self.moe_heads, layers=()),
+        )
+
+    def refiner_window(self):
+        from .block_window import BlockWindow
+
+        return BlockWindow(block_t=self.refiner_block_t, block_h=self.refiner_block_hw,
+                           block_w=self.refiner_block_hw, radius_t=self.refiner_block_radius,
+                           radius_h=self.refiner_block_radius, radius_w=self.refiner_block_radius)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
@@ -91,6 +134,7 @@ class TinyConfig:
     @classmethod
     def from_json(cls, text: str) -> TinyConfig:
         data = json.loads(text)
-        for key in ("multimodal_layers", "moe_layers", "turbo_channels", "audio_strides"):
+        for key in ("multimodal_layers", "moe_layers", "turbo_channels", "audio_strides",
+                    "refiner_multimodal_layers", "refiner_local_attn_layers"):
             data[key] = tuple(data[key])
         return cls(**data)

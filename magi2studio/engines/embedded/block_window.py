@@ -1,0 +1,293 @@
+"""Block-window local attention for the MAGI-2 refiner, and the refiner DiT that uses it.
+
+vLLM-Omni 0.30.0 has no refiner (upstream PR #8915), so this is our reading of Sand AI's
+``magi2_refiner.json`` ``attn_config``: ``mode: window``, ``block_t_size: 8``,
+``block_size: 4``, ``window: {level: block, block_mode: grid, block_{t,h,w}_radius: 2,
+win_size: 384, frame_receptive_field: -1, full_attn_layers: []}``.
+
+The interpretation, per packed sample (one CFG branch; samples never see each other):
+
+* **Grid tokens** are the clip's video tokens on the latent (t, h, w) grid (the first
+  ``T*H*W`` tokens of a sample in upstream's VIDEO -> AUDIO -> TEXT packing). Each belongs to
+  block ``(t // block_t, h // block_h, w // block_w)``; edge blocks are partial.
+* ``level: block`` + ``block_mode: grid``: a grid query attends to the grid keys whose block
+  lies within the radius of its own block in each axis (a 5 x 5 x 5 box of blocks at radius
+  2, clipped at the clip's edges). The window is decided per block, not per token.
+* **Text and audio tokens are global** (rows and columns): every grid query also attends to
+  all of its sample's text and audio tokens, and text/audio queries attend to the whole
+  sample. They are the conditioning and the other modality; they have no (h, w) position
+  on the grid, so a spatial window cannot apply to them. Reference-image tokens (VIDEO
+  modality off the clip's grid) are global the same way.
+* ``win_size`` (384) is the token-level window of ``level: token``; with ``level: block``
+  the block radii decide the window, so it does not enter the mask. ``frame_receptive_field
+  -1`` adds no temporal limit beyond the block radius, and ``full_attn_layers: []`` keeps the
+  window in every local layer.
+* The attention sink (the preview's zero-value sink logits) is kept: the refiner extends
+  ``magi2_preview.json``.
+
+:func:`block_window_attention` gathers each query block's key box and computes only that;
+:func:`reference_mask` + :func:`masked_dense_attention` are the explicit-mask oracle it is
+tested against (``tests/refiner/test_block_window.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+VIDEO = 0  # upstream's Modality.VIDEO
+BLOCK_CHUNK = 32  # query blocks per batched gather (bounds the score buffer)
+
+
+@dataclass(frozen=True)
+class BlockWindow:
+    """Block sizes and radii in latent tokens; defaults are Sand AI's refiner config."""
+
+    block_t: int = 8
+    block_h: int = 4
+    block_w: int = 4
+    radius_t: int = 2
+    radius_h: int = 2
+    radius_w: int = 2
+
+    @classmethod
+    def from_sandai(cls, attn_config: dict) -> BlockWindow:
+        """Read ``magi2_refiner_data_proxy_config.attn_config``; refuse what we do not model."""
+
+        window = attn_config["window"]
+        expected = {"mode": attn_config.get("mode"), "level": window.get("level"),
+                    "block_mode": window.get("block_mode"), "frame_receptive_field": window.get("frame_receptive_field"),
+                    "full_attn_layers": window.get("full_attn_layers")}
+        if expected != {"mode": "window", "level": "block", "block_mode": "grid", "frame_receptive_field": -1,
+                        "full_attn_layers": []}:
+            raise ValueError(f"unsupported refiner attention config {expected}")
+        return cls(attn_config["block_t_size"], attn_config["block_size"], attn_config["block_size"],
+                   window["block_t_radius"], window["block_h_radius"], window["block_w_radius"])
+
+
+@dataclass(frozen=True)
+class _Sample:
+    start: int
+    end: int
+    grid: tuple[int, int, int]  # (T, H, W) of the clip; its tokens are start .. start + T*H*W
+
+
+@dataclass(frozen=True)
+class WindowLayout:
+    """Where the grid and global tokens of each packed sample are, and the block gathers."""
+
+    samples: tuple[_Sample, ...]
+    window: BlockWindow
+    # Per chunk of query blocks: query indices [B, Qmax] (+ valid), key indices [B, Kmax] (+ valid).
+    chunks: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]
+    global_queries: tuple[tuple[torch.Tensor, int, int], ...]  # (indices, sample start, sample end)
+
+    @classmethod
+    def build(cls, coords: torch.Tensor, modality: torch.Tensor, cu_seqlens: torch.Tensor,
+              window: BlockWindow) -> WindowLayout:
+        bounds = [int(v) for v in cu_seqlens.detach().cpu().tolist()]
+        coords = coords.detach().cpu()
+        modality = modality.detach().cpu()
+        samples = []
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            grid = tuple(int(v) for v in coords[start, 3:6].tolist())
+            count = math.prod(grid)
+            _check_grid(coords[start:start + count], modality[start:start + count], grid, start)
+            samples.append(_Sample(start, end, grid))
+        blocks = []
+        global_queries = []
+        for sample in samples:
+            blocks.extend(_sample_blocks(sample, window))
+            grid_end = sample.start + math.prod(sample.grid)
+            if grid_end < sample.end:
+                global_queries.append((torch.arange(grid_end, sample.end), sample.start, sample.end))
+        chunks = tuple(_pad_chunk(blocks[i:i + BLOCK_CHUNK]) for i in range(0, len(blocks), BLOCK_CHUNK))
+        return cls(tuple(samples), window, chunks, tuple(global_queries))
+
+    def to(self, device: torch.device) -> WindowLayout:
+        chunks = tuple(tuple(t.to(device) for t in chunk) for chunk in self.chunks)
+        queries = tuple((idx.to(device), s, e) for idx, s, e in self.global_queries)
+        return WindowLayout(self.samples, self.window, chunks, queries)
+
+
+def _check_grid(coords: torch.Tensor, modality: torch.Tensor, grid: tuple[int, int, int], start: int) -> None:
+    """The sample must open with its clip's video tokens in row-major (t, h, w) order."""
+
+    t, h, w = grid
+    expected = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"),
+                           dim=-1).reshape(-1, 3).to(coords.dtype)
+    if coords.shape[0] != expected.shape[0] or not torch.equal(coords[:, :3], expected) \
+            or not bool((modality == VIDEO).all()):
+        raise ValueError(f"packed sample at token {start} does not open with its {t}x{h}x{w} video grid")
+
+
+def _axis_ranges(size: int, block: int, radius: int) -> list[tuple[int, int, int, int]]:
+    """Per block along one axis: (query lo, query hi, key lo, key hi) token bounds."""
+
+    count = -(-size // block)
+    return [(i * block, min(size, (i + 1) * block),
+             max(0, (i - radius) * block), min(size, (i + radius + 1) * block)) for i in range(count)]
+
+
+def _sample_blocks(sample: _Sample, window: BlockWindow) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    t, h, w = sample.grid
+    grid_index = torch.arange(t * h * w).reshape(t, h, w) + sample.start
+    global_keys = torch.arange(sample.start + t * h * w, sample.end)
+    blocks = []
+    for q_t0, q_t1, k_t0, k_t1 in _axis_ranges(t, window.block_t, window.radius_t):
+        for q_h0, q_h1, k_h0, k_h1 in _axis_ranges(h, window.block_h, window.radius_h):
+            for q_w0, q_w1, k_w0, k_w1 in _axis_ranges(w, window.block_w, window.radius_w):
+                queries = grid_index[q_t0:q_t1, q_h0:q_h1, q_w0:q_w1].reshape(-1)
+                keys = torch.cat((grid_index[k_t0:k_t1, k_h0:k_h1, k_w0:k_w1].reshape(-1), global_keys))
+                blocks.append((queries, keys))
+    return blocks
+
+
+def _pad_chunk(blocks: list[tuple[torch.Tensor, torch.Tensor]]):
+    q_max = max(q.numel() for q, _ in blocks)
+    k_max = max(k.numel() for _, k in blocks)
+    q_idx = torch.zeros(len(blocks), q_max, dtype=torch.long)
+    k_idx = torch.zeros(len(blocks), k_max, dtype=torch.long)
+    q_ok = torch.zeros(len(blocks), q_max, dtype=torch.bool)
+    k_ok = torch.zeros(len(blocks), k_max, dtype=torch.bool)
+    for row, (queries, keys) in enumerate(blocks):
+        q_idx[row, :queries.numel()], q_ok[row, :queries.numel()] = queries, True
+        k_idx[row, :keys.numel()], k_ok[row, :keys.numel()] = keys, True
+    return q_idx, q_ok, k_idx, k_ok
+
+
+def _softmax_with_sink(scores: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over keys plus the zero-value sink logits (sink [S, H]; scores [..., H, Q, K])."""
+
+    if sink is None or sink.numel() == 0:
+        return torch.softmax(scores, dim=-1)
+    sink_scores = sink.float().transpose(0, 1)[:, None, :].expand(*scores.shape[:-1], sink.shape[0])
+    return torch.softmax(torch.cat((scores, sink_scores), dim=-1), dim=-1)[..., : scores.shape[-1]]
+
+
+def block_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: WindowLayout,
+                           sink: torch.Tensor | None = None) -> torch.Tensor:
+    """q [N, H, D], k/v [N, Hkv, D] (GQA: query head i uses KV head i // (H / Hkv))."""
+
+    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+    rep = heads // kv_heads
+    scale = dim ** -0.5
+    output = torch.zeros_like(q)
+    for q_idx, q_ok, k_idx, k_ok in layout.chunks:
+        blocks, q_max = q_idx.shape
+        q_blk = q[q_idx].float().view(blocks, q_max, kv_heads, rep, dim)
+        k_blk, v_blk = k[k_idx].float(), v[k_idx].float()  # [B, K, Hkv, D]
+        scores = torch.einsum("bqgrd,bkgd->bgrqk", q_blk, k_blk) * scale
+        scores = scores.masked_fill(~k_ok[:, None, None, None, :], float("-inf"))
+        probs = _softmax_with_sink(scores.reshape(blocks, heads, q_max, -1), sink)
+        out = torch.einsum("bgrqk,bkgd->bqgrd", probs.view(blocks, kv_heads, rep, q_max, -1), v_blk)
+        out = out.reshape(blocks * q_max, heads, dim)
+        valid = q_ok.reshape(-1)
+        output.index_copy_(0, q_idx.reshape(-1)[valid], out[valid].to(output.dtype))
+    if layout.global_queries:
+        from vllm_omni.diffusion.models.magi2.attention import torch_varlen_attention_with_sink
+
+        for idx, start, end in layout.global_queries:
+            rows = torch_varlen_attention_with_sink(
+                q[idx], k[start:end], v[start:end],
+                cu_seqlens_q=torch.tensor([0, idx.numel()], dtype=torch.int32),
+                cu_seqlens_k=torch.tensor([0, end - start], dtype=torch.int32), sink=sink)
+            output.index_copy_(0, idx, rows)
+    return output
+
+
+# -- the oracle: an explicit boolean mask and dense softmax attention ------------------------
+def reference_mask(coords: torch.Tensor, modality: torch.Tensor, cu_seqlens: torch.Tensor,
+                   window: BlockWindow) -> torch.Tensor:
+    """[N, N] bool, by definition from each token's own coordinates (no packing order used)."""
+
+    n = coords.shape[0]
+    bounds = cu_seqlens.detach().cpu().long()
+    sample = torch.bucketize(torch.arange(n), bounds[1:], right=True)
+    position, shape = coords[:, :3], coords[:, 3:6]
+    on_grid = (modality == VIDEO) & (position >= 0).all(-1) & (position < shape).all(-1)
+    block = torch.div(position, torch.tensor([window.block_t, window.block_h, window.block_w],
+                                              dtype=position.dtype), rounding_mode="floor")
+    radius = torch.tensor([window.radius_t, window.radius_h, window.radius_w], dtype=position.dtype)
+    near = ((block[:, None, :] - block[None, :, :]).abs() <= radius).all(-1)
+    same = sample[:, None] == sample[None, :]
+    return same & (near | ~on_grid[:, None] | ~on_grid[None, :])
+
+
+def masked_dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                           sink: torch.Tensor | None = None) -> torch.Tensor:
+    heads = q.shape[1]
+    k = k.repeat_interleave(heads // k.shape[1], dim=1).float()
+    v = v.repeat_interleave(heads // v.shape[1], dim=1).float()
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~mask[None], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", _softmax_with_sink(scores, sink), v).to(q.dtype)
+
+
+# -- the refiner DiT -----------------------------------------------------------------------------
+class _LayoutSlot:
+    """The current forward's layout, shared by the local layers' kernels."""
+
+    layout: WindowLayout | None = None
+
+
+class BlockWindowAttentionKernel(nn.Module):
+    """A custom kernel for upstream's ``Attention`` layer: Ulysses exchange, then the window."""
+
+    def __init__(self, slot: _LayoutSlot) -> None:
+        super().__init__()
+        self.slot = slot
+
+    def forward(self, query, key, value, attn_metadata=None):
+        from vllm_omni.diffusion.models.magi2.parallel import (
+            get_magi2_ulysses_group,
+            scatter_heads_gather_seqlen,
+            scatter_seqlen_gather_heads,
+        )
+
+        split_sizes = attn_metadata.extra["magi2_split_sizes"]
+        sink = attn_metadata.extra.get("magi2_sink")
+        if isinstance(split_sizes, torch.Tensor):
+            split_sizes = [int(v) for v in split_sizes.detach().cpu().tolist()]
+        group = get_magi2_ulysses_group()
+        if group.world_size > 1:  # heads split, full sequence: the window needs every position
+            query, key, value = scatter_heads_gather_seqlen((query, key, value), split_sizes, group)
+            if sink is not None:
+                sink = torch.chunk(sink, group.world_size, dim=-1)[group.rank].contiguous()
+        output = block_window_attention(query, key, value, self.slot.layout, sink)
+        if group.world_size > 1:
+            output = scatter_seqlen_gather_heads(output.contiguous(), split_sizes, group)
+        return output
+
+
+def make_refiner_transformer(config, window: BlockWindow, local_layers: tuple[int, ...]) -> nn.Module:
+    """Upstream's ``Magi2PreviewTransformer`` at a dense config, with windowed local layers."""
+
+    from vllm_omni.diffusion.attention.layer import Attention
+    from vllm_omni.diffusion.models.magi2.modeling_magi2 import Magi2PreviewTransformer
+
+    class Magi2RefinerTransformer(Magi2PreviewTransformer):
+        """Builds the window layout from the full (pre-dispatch) packing, then runs upstream's forward."""
+
+        def forward(self, x, coords_mapping, modality_mapping, varlen_handler, time_token_sequence=None):
+            layout = WindowLayout.build(coords_mapping, modality_mapping, varlen_handler.cu_seqlens_q, window)
+            self._window_slot.layout = layout.to(x.device)
+            try:
+                return super().forward(x, coords_mapping, modality_mapping, varlen_handler, time_token_sequence)
+            finally:
+                self._window_slot.layout = None
+
+    model = Magi2RefinerTransformer(config)
+    model._window_slot = _LayoutSlot()
+    model.window = window
+    model.local_attn_layers = tuple(local_layers)
+    for index in local_layers:
+        attention = model.block.layers[index].attention
+        attention.packed_attention = Attention(
+            num_heads=attention.num_heads_q, num_kv_heads=attention.num_heads_kv, head_size=attention.head_dim,
+            causal=False, softmax_scale=attention.head_dim ** -0.5, qkv_layout="THD", skip_sequence_parallel=True,
+            disable_kv_quant=True, custom_attention=BlockWindowAttentionKernel(model._window_slot))
+    return model
