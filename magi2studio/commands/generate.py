@@ -61,11 +61,38 @@ def request_from_args(args: argparse.Namespace) -> Request:
     return build_request(**fields)
 
 
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``--engine vllm-omni-server`` (a running ``vllm-omni serve ... --omni``)."""
+
+    group = parser.add_argument_group("vllm-omni-server engine")
+    group.add_argument("--server-url", help="the server (default $MAGI2STUDIO_SERVER_URL or http://127.0.0.1:8000)")
+    group.add_argument("--server-layout", help="the layout the server was launched with (default $MAGI2STUDIO_SERVER_LAYOUT; "
+                       "unset: the --layout of the first run is assumed, since the server does not report it)")
+    group.add_argument("--server-metrics-dir", help="the server workers' MAGI2STUDIO_METRICS_DIR, shared here: "
+                       "per-step timings (default $MAGI2STUDIO_SERVER_METRICS_DIR; unset: none)")
+    group.add_argument("--server-transport", choices=("async", "sync"), default="async",
+                       help="async: POST /v1/videos and poll (cancellable); sync: POST /v1/videos/sync")
+    group.add_argument("--server-timeout", type=float, default=7200.0, help="seconds a job may take (default 7200)")
+    group.add_argument("--server-compile", choices=("static", "dynamic", "eager"), default=None,
+                       help="the compile mode the server was launched with (default dynamic, upstream's)")
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """Keyword arguments for get_engine: only the server engine takes any from the command line."""
+
+    if args.engine != "vllm-omni-server":
+        return {}
+    return {"server_url": args.server_url, "server_layout": args.server_layout,
+            "metrics_dir": args.server_metrics_dir, "transport": args.server_transport,
+            "request_timeout_s": args.server_timeout, "server_compile": args.server_compile}
+
+
 def register(sub) -> None:
     parser = sub.add_parser("generate", help="generate one clip into a run folder")
     add_request_arguments(parser)
     parser.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
-    parser.add_argument("--engine", default="embedded", help="embedded or vllm-omni")
+    parser.add_argument("--engine", default="embedded", help="embedded, vllm-omni or vllm-omni-server")
+    add_server_arguments(parser)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="outputs root (default ./outputs)")
     parser.set_defaults(func=run)
 
@@ -78,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
     request = request_from_args(args)
     layout = parse_layout(args.layout)
-    engine = get_engine(args.engine)
+    engine = get_engine(args.engine, **engine_options(args))
     # execute() checks the outputs root and the layout before the engine starts.
     with ConsoleProgress() as progress:
         folder = runs.execute(engine, request, layout, Path(args.out), on_progress=progress)

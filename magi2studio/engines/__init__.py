@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import InputError
 from .base import Engine
 
-ENGINE_NAMES = ("embedded", "vllm-omni")
+ENGINE_NAMES = ("embedded", "vllm-omni", "vllm-omni-server")
 
 
 def import_torchada_first() -> bool:
@@ -33,4 +33,8 @@ def get_engine(name: str = "embedded", **options: Any) -> Engine:
         from .vllm_omni import VllmOmniEngine
 
         return VllmOmniEngine(**options)
+    if name == "vllm-omni-server":
+        from .vllm_omni.server import VllmOmniServerEngine
+
+        return VllmOmniServerEngine(**options)
     raise InputError("engine", f"unknown engine {name!r}", f"use one of {', '.join(ENGINE_NAMES)}")
