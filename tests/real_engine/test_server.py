@@ -518,10 +518,14 @@ def test_server_down_is_one_clear_line():
     from magi2studio.errors import EngineError
     from magi2studio.layouts import Layout
 
+    down = engine(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(EngineError) as err:
-        engine(f"http://127.0.0.1:{free_port()}").start(Layout(4, 2))
+        down.start(Layout(4, 2))
     text = str(err.value)
     assert "\n" not in text and "not reachable" in text and "vllm-omni serve" in text and "--server-url" in text
+    caps = down.capabilities()  # the studio and doctor grey every tier out, with the reason
+    assert all(reason and ("not reachable" in reason or "1080p" in name) for name, reason in caps.tiers.items())
+    assert any("no per-step timings" in note for note in caps.notes)
 
 
 def test_layout_change_is_refused_with_the_serve_command(server):
