@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import tempfile
 from collections.abc import MutableMapping
 
@@ -23,6 +24,13 @@ DETERMINISTIC_ENV: dict[str, str] = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     # Workers are spawned, never forked, so no CUDA/MUSA state or RNG is inherited.
     "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    # CPU kernels: the AVX2/AVX-512 builds run full vectors and the tail of a tensor through
+    # different code (vector vs scalar transcendental functions differ in the last bit), so a
+    # token's result depends on where it lands in a tensor, and layouts place tokens
+    # differently. The portable build treats every element alike: with it one process, SP2,
+    # CFG2 and SP2xCFG2 are bit-identical (docs/performance.md; about the same speed on the
+    # tiny model). Read once when torch starts; GPU kernels are unaffected.
+    "ATEN_CPU_CAPABILITY": "default",
 }
 
 WHAT_HASHES_PROVE = (
@@ -48,6 +56,21 @@ def apply(environ: MutableMapping[str, str] | None = None, cache_dir: str | None
     env = deterministic_env(cache_dir)
     target.update(env)
     return env
+
+
+def apply_defaults(environ: MutableMapping[str, str] | None = None) -> None:
+    """Set the fixed values the caller has not set (the CLI does this before torch starts)."""
+
+    target = os.environ if environ is None else environ
+    for key, value in DETERMINISTIC_ENV.items():
+        target.setdefault(key, value)
+
+
+def cpu_capability() -> str | None:
+    """The CPU kernel build torch actually dispatches to, once torch has started."""
+
+    torch = sys.modules.get("torch")
+    return torch.backends.cpu.get_cpu_capability() if torch is not None else None
 
 
 def as_exports(env: dict[str, str] | None = None) -> str:

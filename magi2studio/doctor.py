@@ -145,6 +145,7 @@ def collect(root: str | None = None, tier: str = "272p") -> dict[str, Any]:
         "build_info": _build_info_summary(),
         "deterministic_env": determinism.recorded(),
         "deterministic_env_expected": determinism.DETERMINISTIC_ENV,
+        "cpu_capability": determinism.cpu_capability(),
         "mux": mux_tools(),
         "weights": weights_section(root, tier),
         "engines": engine_capabilities(platform["platform"]),

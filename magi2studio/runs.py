@@ -118,6 +118,7 @@ def build_manifest(request: Request, layout: Layout, generation: Generation, sta
         },
         "timing": timing_summary(generation),
         "environment": determinism.recorded(),
+        "cpu_capability": determinism.cpu_capability(),
         "versions": provenance.package_versions(),
         "build_info": provenance.build_info(),
         **(extra or {}),
