@@ -46,8 +46,10 @@ class Request(BaseModel):
     audio_cfg: float = 7.0
     compile: CompileMode | None = None
     deterministic: bool = True
+    output_width: int | None = None  # None: the tier's generated size
+    output_height: int | None = None
 
-    @field_validator("seed", "steps", "refiner_steps", mode="before")
+    @field_validator("seed", "steps", "refiner_steps", "output_width", "output_height", mode="before")
     @classmethod
     def _integers_only(cls, value: Any) -> Any:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -82,6 +84,8 @@ _FIXES = {
     "audio_cfg": "use a finite number such as 7.0",
     "compile": "use static, dynamic or eager",
     "deterministic": "use true or false",
+    "output_width": "leave it out for the generated size, or give a whole number",
+    "output_height": "leave it out for the generated size, or give a whole number",
 }
 
 
@@ -116,6 +120,7 @@ def validate_request(request: Request) -> Request:
         raise InputError("steps", f"{request.steps} is out of range", _FIXES["steps"])
     if request.refiner_steps is not None and not 1 <= request.refiner_steps <= MAX_REFINER_STEPS:
         raise InputError("refiner_steps", f"{request.refiner_steps} is out of range", _FIXES["refiner_steps"])
+    output_size(request)
     for name in ("video_cfg", "audio_cfg"):
         value = getattr(request, name)
         if not math.isfinite(value) or not 0 <= value <= 50:
@@ -127,6 +132,22 @@ def validate_request(request: Request) -> Request:
     elif request.image:
         raise InputError("image", "a first-frame image was given for T2VA", "use mode i2va, or drop the image")
     return request
+
+
+def output_size(request: Request) -> tuple[int, int]:
+    """The delivered (width, height): the tier's generated size unless a listed resize is asked for."""
+
+    tier = get_tier(request.tier)
+    width = tier.width if request.output_width is None else request.output_width
+    height = tier.height if request.output_height is None else request.output_height
+    if (width, height) in tier.output_sizes:
+        return width, height
+    sizes = " or ".join(f"{w}x{h}" for w, h in tier.output_sizes)
+    field = "output_width" if width not in {w for w, _ in tier.output_sizes} else "output_height"
+    value = width if field == "output_width" else height
+    fix = (f"use {sizes} ({tier.width}x{tier.height} is generated, the others are resizes of it)"
+           if tier.resized else f"leave it out: the {tier.name} tier delivers its generated {sizes}")
+    raise InputError(field, f"{value} is not an output size of the {tier.name} tier", fix)
 
 
 def read_prompt_file(path: str | Path) -> str:

@@ -11,7 +11,7 @@ from .errors import InputError
 class Tier:
     """One output tier.
 
-    ``width``/``height``/``fps``/``frames`` describe the delivered clip. A refined tier runs
+    ``width``/``height``/``fps``/``frames`` describe the generated clip. A refined tier runs
     its ``preview`` tier first, upsamples and re-noises the latent, then ``refiner_steps``
     refiner steps.
     """
@@ -25,6 +25,13 @@ class Tier:
     steps: int
     preview: str | None = None
     refiner_steps: int = 0
+    resized: tuple[tuple[int, int], ...] = ()  # other (width, height) the clip may be resized to
+
+    @property
+    def output_sizes(self) -> tuple[tuple[int, int], ...]:
+        """The generated size first, then the sizes it may be resized to."""
+
+        return ((self.width, self.height), *self.resized)
 
     @property
     def refined(self) -> bool:
@@ -39,7 +46,9 @@ TIERS: dict[str, Tier] = {
     "272p": Tier("272p", 448, 256, 12.5, 125, 10.0, 100),
     "540p": Tier("540p", 896, 512, 12.5, 125, 10.0, 100),
     # Sand AI's two-stage tier: a 540p preview, upsampled and re-noised, then 5 refiner steps.
-    "1080p": Tier("1080p", 1920, 1088, 25.0, 249, 10.0, 100, preview="540p", refiner_steps=5),
+    # 1088 rows are generated (a multiple of the 16-pixel latent stride); 1080 is a resize.
+    "1080p": Tier("1080p", 1920, 1088, 25.0, 249, 10.0, 100, preview="540p", refiner_steps=5,
+                  resized=((1920, 1080),)),
 }
 
 AUDIO_SAMPLE_RATE = 44_100

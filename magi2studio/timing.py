@@ -124,6 +124,21 @@ def active(timer: StepTimer):
         _active = previous
 
 
+@contextmanager
+def stage(name: str):
+    """Label the active timer's steps ``name`` for the block (the 1080p refiner's own stage)."""
+
+    timer = _active
+    if timer is None:
+        yield
+        return
+    previous, timer.stage = timer.stage, name
+    try:
+        yield
+    finally:
+        timer.stage = previous
+
+
 def set_process_timer(timer: StepTimer | None) -> None:
     """Make ``timer`` the process-wide default (a worker plugin keeps one for its lifetime)."""
 

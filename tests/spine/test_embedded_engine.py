@@ -68,10 +68,13 @@ def test_cancel_leaves_no_run_folder(engine, request_t2va, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_engine_refuses_layouts_and_tiers_it_cannot_run(engine):
-    from magi2studio.tiers import get_tier
-    with pytest.raises(InputError, match="refiner"):
-        engine.check_layout(LAYOUT, get_tier("1080p"))
+def test_engine_refuses_layouts_it_cannot_run_and_runs_every_tier(engine):
+    from magi2studio.layouts import Layout
+    from magi2studio.tiers import TIERS, get_tier
+    assert all(reason is None for reason in engine.capabilities().tiers.values()) and "1080p" in TIERS
+    engine.check_layout(LAYOUT, get_tier("1080p"))
+    with pytest.raises(InputError, match="refiner KV groups"):
+        engine.check_layout(Layout(4, 1), get_tier("1080p"))
 
 
 def _cli(*args, cwd):

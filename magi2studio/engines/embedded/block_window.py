@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 VIDEO = 0  # upstream's Modality.VIDEO
-BLOCK_CHUNK = 32  # query blocks per batched gather (bounds the score buffer)
+BLOCK_CHUNK = 64  # query blocks per batched gather (bounds the score buffer)
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,27 @@ class _Sample:
 
 
 @dataclass(frozen=True)
+class _Chunk:
+    """Query blocks of one sample: query/key indices padded to the chunk's longest (+ valid)."""
+
+    q_idx: torch.Tensor  # [B, Qmax]
+    q_ok: torch.Tensor
+    k_idx: torch.Tensor  # [B, Kmax] grid keys in each block's window
+    k_ok: torch.Tensor
+    global_keys: tuple[int, int]  # the sample's text/audio tokens, a contiguous range
+
+    def to(self, device: torch.device) -> _Chunk:
+        return _Chunk(self.q_idx.to(device), self.q_ok.to(device), self.k_idx.to(device), self.k_ok.to(device),
+                      self.global_keys)
+
+
+@dataclass(frozen=True)
 class WindowLayout:
     """Where the grid and global tokens of each packed sample are, and the block gathers."""
 
     samples: tuple[_Sample, ...]
     window: BlockWindow
-    # Per chunk of query blocks: query indices [B, Qmax] (+ valid), key indices [B, Kmax] (+ valid).
-    chunks: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], ...]
+    chunks: tuple[_Chunk, ...]
     global_queries: tuple[tuple[torch.Tensor, int, int], ...]  # (indices, sample start, sample end)
 
     @classmethod
@@ -97,20 +111,20 @@ class WindowLayout:
             count = math.prod(grid)
             _check_grid(coords[start:start + count], modality[start:start + count], grid, start)
             samples.append(_Sample(start, end, grid))
-        blocks = []
+        chunks = []
         global_queries = []
         for sample in samples:
-            blocks.extend(_sample_blocks(sample, window))
+            blocks = _sample_blocks(sample, window)
             grid_end = sample.start + math.prod(sample.grid)
+            chunks.extend(_pad_chunk(blocks[i:i + BLOCK_CHUNK], (grid_end, sample.end))
+                          for i in range(0, len(blocks), BLOCK_CHUNK))
             if grid_end < sample.end:
                 global_queries.append((torch.arange(grid_end, sample.end), sample.start, sample.end))
-        chunks = tuple(_pad_chunk(blocks[i:i + BLOCK_CHUNK]) for i in range(0, len(blocks), BLOCK_CHUNK))
-        return cls(tuple(samples), window, chunks, tuple(global_queries))
+        return cls(tuple(samples), window, tuple(chunks), tuple(global_queries))
 
     def to(self, device: torch.device) -> WindowLayout:
-        chunks = tuple(tuple(t.to(device) for t in chunk) for chunk in self.chunks)
         queries = tuple((idx.to(device), s, e) for idx, s, e in self.global_queries)
-        return WindowLayout(self.samples, self.window, chunks, queries)
+        return WindowLayout(self.samples, self.window, tuple(c.to(device) for c in self.chunks), queries)
 
 
 def _check_grid(coords: torch.Tensor, modality: torch.Tensor, grid: tuple[int, int, int], start: int) -> None:
@@ -133,20 +147,20 @@ def _axis_ranges(size: int, block: int, radius: int) -> list[tuple[int, int, int
 
 
 def _sample_blocks(sample: _Sample, window: BlockWindow) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(query indices, windowed grid key indices) per query block of one sample."""
+
     t, h, w = sample.grid
     grid_index = torch.arange(t * h * w).reshape(t, h, w) + sample.start
-    global_keys = torch.arange(sample.start + t * h * w, sample.end)
     blocks = []
     for q_t0, q_t1, k_t0, k_t1 in _axis_ranges(t, window.block_t, window.radius_t):
         for q_h0, q_h1, k_h0, k_h1 in _axis_ranges(h, window.block_h, window.radius_h):
             for q_w0, q_w1, k_w0, k_w1 in _axis_ranges(w, window.block_w, window.radius_w):
-                queries = grid_index[q_t0:q_t1, q_h0:q_h1, q_w0:q_w1].reshape(-1)
-                keys = torch.cat((grid_index[k_t0:k_t1, k_h0:k_h1, k_w0:k_w1].reshape(-1), global_keys))
-                blocks.append((queries, keys))
+                blocks.append((grid_index[q_t0:q_t1, q_h0:q_h1, q_w0:q_w1].reshape(-1),
+                               grid_index[k_t0:k_t1, k_h0:k_h1, k_w0:k_w1].reshape(-1)))
     return blocks
 
 
-def _pad_chunk(blocks: list[tuple[torch.Tensor, torch.Tensor]]):
+def _pad_chunk(blocks: list[tuple[torch.Tensor, torch.Tensor]], global_keys: tuple[int, int]) -> _Chunk:
     q_max = max(q.numel() for q, _ in blocks)
     k_max = max(k.numel() for _, k in blocks)
     q_idx = torch.zeros(len(blocks), q_max, dtype=torch.long)
@@ -156,7 +170,7 @@ def _pad_chunk(blocks: list[tuple[torch.Tensor, torch.Tensor]]):
     for row, (queries, keys) in enumerate(blocks):
         q_idx[row, :queries.numel()], q_ok[row, :queries.numel()] = queries, True
         k_idx[row, :keys.numel()], k_ok[row, :keys.numel()] = keys, True
-    return q_idx, q_ok, k_idx, k_ok
+    return _Chunk(q_idx, q_ok, k_idx, k_ok, global_keys)
 
 
 def _softmax_with_sink(scores: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
@@ -170,23 +184,46 @@ def _softmax_with_sink(scores: torch.Tensor, sink: torch.Tensor | None) -> torch
 
 def block_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: WindowLayout,
                            sink: torch.Tensor | None = None) -> torch.Tensor:
-    """q [N, H, D], k/v [N, Hkv, D] (GQA: query head i uses KV head i // (H / Hkv))."""
+    """q [N, H, D], k/v [N, Hkv, D] (GQA: query head i uses KV head i // (H / Hkv)).
 
-    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+    Per chunk of query blocks: gather each block's windowed grid keys, score them and the
+    sample's global keys (a shared slice, not gathered), one softmax over both plus the
+    sink, then both value products. Heads are the outer batch so every matmul is contiguous.
+    """
+
+    n, heads, dim = q.shape
+    kv_heads = k.shape[1]
     rep = heads // kv_heads
     scale = dim ** -0.5
+    qt = q.float().view(n, kv_heads, rep, dim).permute(1, 0, 2, 3).contiguous()  # [G, N, rep, D]
+    kt = k.float().permute(1, 0, 2).contiguous()  # [G, N, D]
+    vt = v.float().permute(1, 0, 2).contiguous()
+    sinks = None
+    if sink is not None and sink.numel():
+        sinks = torch.logsumexp(sink.float(), dim=0).view(kv_heads, 1, 1, rep)  # one logit per query head
     output = torch.zeros_like(q)
-    for q_idx, q_ok, k_idx, k_ok in layout.chunks:
-        blocks, q_max = q_idx.shape
-        q_blk = q[q_idx].float().view(blocks, q_max, kv_heads, rep, dim)
-        k_blk, v_blk = k[k_idx].float(), v[k_idx].float()  # [B, K, Hkv, D]
-        scores = torch.einsum("bqgrd,bkgd->bgrqk", q_blk, k_blk) * scale
-        scores = scores.masked_fill(~k_ok[:, None, None, None, :], float("-inf"))
-        probs = _softmax_with_sink(scores.reshape(blocks, heads, q_max, -1), sink)
-        out = torch.einsum("bgrqk,bkgd->bqgrd", probs.view(blocks, kv_heads, rep, q_max, -1), v_blk)
-        out = out.reshape(blocks * q_max, heads, dim)
-        valid = q_ok.reshape(-1)
-        output.index_copy_(0, q_idx.reshape(-1)[valid], out[valid].to(output.dtype))
+    for chunk in layout.chunks:
+        blocks, q_max = chunk.q_idx.shape
+        g0, g1 = chunk.global_keys
+        qb = qt[:, chunk.q_idx].reshape(kv_heads, blocks, q_max * rep, dim)  # rows are (query, rep)
+        kb, vb = kt[:, chunk.k_idx], vt[:, chunk.k_idx]  # [G, B, K, D]
+        windowed = torch.matmul(qb, kb.transpose(-1, -2)).mul_(scale)
+        windowed.masked_fill_(~chunk.k_ok[None, :, None, :], float("-inf"))
+        scores = torch.cat((windowed, torch.matmul(qb, kt[:, None, g0:g1].transpose(-1, -2)).mul_(scale)), dim=-1)
+        top = scores.amax(dim=-1, keepdim=True)
+        if sinks is not None:
+            sink_rows = sinks.expand(kv_heads, 1, q_max, rep).reshape(kv_heads, 1, q_max * rep, 1)
+            top = torch.maximum(top, sink_rows)
+        scores.sub_(top).exp_()
+        denom = scores.sum(dim=-1, keepdim=True)
+        if sinks is not None:
+            denom.add_((sink_rows - top).exp_())
+        scores.div_(denom)
+        kw = kb.shape[2]
+        out = torch.matmul(scores[..., :kw], vb).add_(torch.matmul(scores[..., kw:], vt[:, None, g0:g1]))
+        out = out.view(kv_heads, blocks, q_max, rep, dim).permute(1, 2, 0, 3, 4).reshape(blocks * q_max, heads, dim)
+        valid = chunk.q_ok.reshape(-1)
+        output.index_copy_(0, chunk.q_idx.reshape(-1)[valid], out[valid].to(output.dtype))
     if layout.global_queries:
         from vllm_omni.diffusion.models.magi2.attention import torch_varlen_attention_with_sink
 

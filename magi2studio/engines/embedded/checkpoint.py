@@ -1,7 +1,7 @@
 """Generate the tiny checkpoint in the released ``sand-ai/MAGI-2-preview`` folder layout.
 
 The tree is what the real engine expects (``preview/model.safetensors.index.json`` + shards,
-``text_encoder/``, ``vae/Wan2.2_VAE.pth``, ``turbo_vae/``, ``stable-audio-open-1.0/``), with
+``refiner/`` the same way for the 1080p refiner DiT, ``text_encoder/``, ``vae/Wan2.2_VAE.pth``, ``turbo_vae/``, ``stable-audio-open-1.0/``), with
 seeded random weights, so the engine loads it through upstream's loading code. The one
 stand-in is the image encoder under ``vae/`` (see :mod:`.components`).
 """
@@ -23,7 +23,7 @@ TURBO_CONFIG_NAME = "TurboV3-Wan22-TinyShallow_7_7.json"
 DEFAULT_ROOT = Path(os.environ.get("MAGI2_TINY_CKPT", Path.home() / ".cache" / "magi2studio"))
 _TOKENIZER_CORPUS = Path(__file__).with_name("tokenizer_corpus.txt")
 # Bump when the generated tree changes, so a cached older tree is not reused.
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3  # 3: refiner/
 
 
 def checkpoint_dir(config: TinyConfig, root: Path | None = None) -> Path:
@@ -76,6 +76,7 @@ def _seeded_state(module: torch.nn.Module, generator: torch.Generator) -> dict[s
 def write_checkpoint(config: TinyConfig, root: Path) -> None:
     generator = torch.Generator().manual_seed(config.seed)
     _write_preview(config, root / "preview", generator)
+    _write_refiner(config, root / "refiner", generator)
     _write_text_encoder(config, root / "text_encoder", generator)
     _write_image_encoder(config, root / "vae", generator)
     _write_turbo_vae(config, root / "turbo_vae", generator)
@@ -84,12 +85,28 @@ def write_checkpoint(config: TinyConfig, root: Path) -> None:
 
 
 def _write_preview(config: TinyConfig, folder: Path, generator: torch.Generator) -> None:
-    from safetensors.torch import save_file
     from vllm_omni.diffusion.models.magi2.modeling_magi2 import Magi2PreviewTransformer
 
-    folder.mkdir(parents=True)
     with torch.device("meta"):
         model = Magi2PreviewTransformer(config.preview_config())
+    _write_dit(config, model, folder, generator)
+
+
+def _write_refiner(config: TinyConfig, folder: Path, generator: torch.Generator) -> None:
+    from .block_window import make_refiner_transformer
+
+    with torch.device("meta"):
+        model = make_refiner_transformer(config.refiner_config(), config.refiner_window(),
+                                         config.refiner_local_attn_layers)
+    _write_dit(config, model, folder, generator)
+
+
+def _write_dit(config: TinyConfig, model: torch.nn.Module, folder: Path, generator: torch.Generator) -> None:
+    """Seeded weights of a DiT as an index + 2 safetensors shards (the released layout)."""
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
     state = {name: _init_tensor(name, torch.empty(t.shape, dtype=t.dtype), generator)
              for name, t in model.state_dict().items()}
     names = sorted(state)

@@ -1,7 +1,8 @@
 """Load the embedded engine's components from a checkpoint folder in the released layout.
 
 Upstream classes, at tiny configs: ``Magi2PreviewTransformer`` (loaded with its own strict
-``load_weights`` from the safetensors shards via vLLM's iterator), ``Magi2Qwen35TextEncoder``,
+``load_weights`` from the safetensors shards via vLLM's iterator), the dense refiner DiT (the
+same class with block-window attention in its local layers, from ``refiner/``), ``Magi2Qwen35TextEncoder``,
 ``Magi2TurboVAEDecoder`` and ``Magi2AudioDecoder``.
 
 One stand-in: upstream's image VAE (``LanceWanVAE``) hard-codes the full Wan2.2 widths, so
@@ -23,6 +24,8 @@ from .tiny import TINY_CONFIG_FILE, TinyConfig
 
 STAND_INS = {
     "image_vae": "TinyImageEncoder (magi2studio): upstream LanceWanVAE hard-codes Wan2.2's full widths",
+    "refiner_decode": "1080p latents decode with the tiny Magi2TurboVAEDecoder, then bilinear to 1920x1088: "
+                      "Sand AI's refiner latent (stride 4x16x16) is Wan2.2's, whose LanceWanVAE cannot be built small",
 }
 
 
@@ -48,6 +51,7 @@ class Components:
     config: TinyConfig
     root: Path
     transformer: nn.Module
+    refiner: nn.Module
     text_encoder: nn.Module
     image_encoder: TinyImageEncoder
     video_decoder: nn.Module
@@ -59,23 +63,34 @@ def read_tiny_config(root: Path) -> TinyConfig:
     return TinyConfig.from_json((root / TINY_CONFIG_FILE).read_text(encoding="utf-8"))
 
 
-def preview_shards(root: Path) -> list[Path]:
-    index = json.loads((root / "preview" / "model.safetensors.index.json").read_text(encoding="utf-8"))
-    return [root / "preview" / name for name in sorted(set(index["weight_map"].values()))]
+def dit_shards(root: Path, folder: str = "preview") -> list[Path]:
+    index = json.loads((root / folder / "model.safetensors.index.json").read_text(encoding="utf-8"))
+    return [root / folder / name for name in sorted(set(index["weight_map"].values()))]
 
 
-def load_transformer(config: TinyConfig, root: Path) -> tuple[nn.Module, int]:
-    """Build upstream's transformer and load it the way the pipeline does (``transformer.`` keys)."""
+def _load_dit(transformer: nn.Module, root: Path, folder: str) -> tuple[nn.Module, int]:
+    """Load a DiT the way the pipeline does (``transformer.`` keys, upstream's strict loader)."""
 
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
-    from vllm_omni.diffusion.models.magi2.modeling_magi2 import Magi2PreviewTransformer
 
-    transformer = Magi2PreviewTransformer(config.preview_config())
     weights = ((f"transformer.{name}", tensor)
-               for name, tensor in safetensors_weights_iterator([str(p) for p in preview_shards(root)], False))
+               for name, tensor in safetensors_weights_iterator([str(p) for p in dit_shards(root, folder)], False))
     loaded = transformer.load_weights(weights)
     transformer.eval().requires_grad_(False)
     return transformer, len(loaded)
+
+
+def load_transformer(config: TinyConfig, root: Path) -> tuple[nn.Module, int]:
+    from vllm_omni.diffusion.models.magi2.modeling_magi2 import Magi2PreviewTransformer
+
+    return _load_dit(Magi2PreviewTransformer(config.preview_config()), root, "preview")
+
+
+def load_refiner(config: TinyConfig, root: Path) -> tuple[nn.Module, int]:
+    from .block_window import make_refiner_transformer
+
+    model = make_refiner_transformer(config.refiner_config(), config.refiner_window(), config.refiner_local_attn_layers)
+    return _load_dit(model, root, "refiner")
 
 
 def load_components(root: Path) -> Components:
@@ -85,6 +100,7 @@ def load_components(root: Path) -> Components:
 
     config = read_tiny_config(root)
     transformer, loaded = load_transformer(config, root)
+    refiner, _ = load_refiner(config, root)
     text_encoder = Magi2Qwen35TextEncoder(str(root / "text_encoder"), dtype=torch.float32,
                                           max_length=config.text_max_length)
     image_encoder = TinyImageEncoder(config.spatial_stride)
@@ -93,4 +109,4 @@ def load_components(root: Path) -> Components:
     video_decoder = Magi2TurboVAEDecoder(root / "turbo_vae" / TURBO_CONFIG_NAME, root / "turbo_vae" / "checkpoint.ckpt",
                                          device="cpu", dtype=torch.float32)
     audio_decoder = Magi2AudioDecoder(root / "stable-audio-open-1.0", device="cpu", dtype=torch.float32)
-    return Components(config, root, transformer, text_encoder, image_encoder, video_decoder, audio_decoder, loaded)
+    return Components(config, root, transformer, refiner, text_encoder, image_encoder, video_decoder, audio_decoder, loaded)

@@ -5,23 +5,76 @@ order of operations with upstream's own pieces: encode the positive and negative
 encode the reference image with the figure token for I2VA, draw noise video-then-audio from
 the seed, run ``Magi2PreviewSampler.sample``, decode video (TurboVAE) and audio (Oobleck),
 resample the audio to 44.1 kHz stereo over the clip, and resize to the tier's frame size.
+
+A refined tier (1080p) runs its preview tier (540p) that way, decodes the audio there once,
+then upsamples the video latent to the refiner's grid, re-noises it to Sand AI's noise value,
+runs the dense block-window refiner DiT under upstream's sampler, and decodes the video in
+chunks to the tier's size (see :meth:`EmbeddedDriver.refine`).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ...request import Request
-from ...tiers import AUDIO_SAMPLE_RATE, Tier
+from ...tiers import AUDIO_SAMPLE_RATE, Tier, get_tier
+from ...timing import stage
 from .components import Components
 
 AUDIO_CHANNELS = 64
 VIDEO_CHANNELS = 48
+SANDAI_REFINER_JSON = Path(__file__).resolve().parents[2] / "data" / "sandai" / "magi2_refiner.json"
+DECODE_CHUNK_FRAMES = 2  # decoded frames upsampled at once (fp32 2 x 1088 x 1920 x 3 = 50 MB)
+
+
+@dataclass(frozen=True)
+class RefinerRecipe:
+    """Sand AI's refiner settings, read from their ``magi2_refiner.json`` (bundled)."""
+
+    noise_value: float
+    shift: float
+    video_cfg: float
+    audio_cfg: float
+    steps: int
+
+
+@cache
+def refiner_recipe() -> RefinerRecipe:
+    config = json.loads(SANDAI_REFINER_JSON.read_text(encoding="utf-8"))["evaluation_config"]
+    return RefinerRecipe(noise_value=float(config["magi2_refiner_noise_value"]),
+                         shift=float(config["magi2_refiner_shift"]),
+                         video_cfg=float(config["magi2_refiner_video_txt_guidance_scale"]),
+                         audio_cfg=float(config["magi2_refiner_audio_txt_guidance_scale"]),
+                         steps=int(config["magi2_refiner_num_inference_steps"]))
+
+
+def refiner_schedulers(steps: int, recipe: RefinerRecipe, device: torch.device):
+    """Upstream's flow UniPC schedulers, shifted by the recipe's shift, starting at its noise value.
+
+    ``set_timesteps(sigmas=s)`` shifts ``s`` as ``shift*s / (1 + (shift-1)*s)``; the start is
+    the inverse of that at ``noise_value / 1000``, so the first timestep is the noise value
+    and the ``steps`` timesteps span it down to 0 on the shifted curve.
+    """
+
+    from vllm_omni.diffusion.models.schedulers import FlowUniPCMultistepScheduler
+
+    sigma = recipe.noise_value / 1000.0
+    start = sigma / (recipe.shift - (recipe.shift - 1.0) * sigma)
+    schedulers = []
+    for _ in range(2):
+        scheduler = FlowUniPCMultistepScheduler()
+        base = np.linspace(start, scheduler.sigma_min, steps + 1)[:-1].copy()
+        scheduler.set_timesteps(device=device, sigmas=base, shift=recipe.shift)
+        schedulers.append(scheduler)
+    return sigma, schedulers[0], schedulers[1]
 
 
 @dataclass
@@ -55,10 +108,11 @@ class EmbeddedDriver:
 
         self.c = components
         self.device = torch.device(device)
-        for module in (components.transformer, components.text_encoder, components.image_encoder,
-                       components.video_decoder, components.audio_decoder):
+        for module in (components.transformer, components.refiner, components.text_encoder,
+                       components.image_encoder, components.video_decoder, components.audio_decoder):
             module.to(self.device)
         self.sampler = Magi2PreviewSampler(components.transformer, Magi2DataProxy(), device=self.device)
+        self.refiner_sampler = Magi2PreviewSampler(components.refiner, Magi2DataProxy(), device=self.device)
 
     # -- conditioning ----------------------------------------------------------------------
     def encode_prompts(self, prompt: str, negative: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,6 +152,77 @@ class EmbeddedDriver:
         index = np.floor(np.arange(tier.frames) * len(frames) / tier.frames).astype(np.int64)
         return np.ascontiguousarray(_resize_video(frames[index], tier.width, tier.height))
 
+    def set_vae_patch_parallel(self, size: int) -> None:
+        """Upstream's TurboVAE temporal-tile parallelism over the world group (1 = off)."""
+
+        decoder = self.c.video_decoder
+        decoder.use_tiling = size > 1
+        decoder.set_parallel_size(size)
+
+    def decode_refined_video(self, latent: torch.Tensor, width: int, height: int, frames: int) -> np.ndarray | None:
+        """Decode the refiner latent, then upsample to ``width`` x ``height`` x ``frames`` in chunks.
+
+        Under VAE patch-parallel every rank decodes some temporal tiles and rank 0 alone gets
+        the merged result (upstream's executor); the other ranks return None.
+
+        The tiny decoder's output is small; each decoded frame is resized once (a chunk at a
+        time, in fp32) and written as uint8 to every output frame that samples it, so no
+        full-resolution fp32 video ever exists (1088 x 1920 x 249 uint8 is 1.56 GB; fp32 6.2 GB).
+        """
+
+        from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _resize_video
+
+        decoded = self.c.video_decoder.decode(latent.float())
+        if decoded.numel() == 0:  # a patch-parallel rank other than 0: rank 0 holds the merged video
+            return None
+        decoded = decoded[0]  # [3, F, h, w], small
+        small = decoded.float().mul_(0.5).add_(0.5).clamp_(0, 1).mul_(255).byte().permute(1, 2, 3, 0).cpu().numpy()
+        source = np.floor(np.arange(frames) * len(small) / frames).astype(np.int64)
+        out = np.empty((frames, height, width, 3), dtype=np.uint8)
+        for first in range(0, len(small), DECODE_CHUNK_FRAMES):
+            chunk = _resize_video(small[first:first + DECODE_CHUNK_FRAMES], width, height)
+            for offset, frame in enumerate(chunk):
+                out[source == first + offset] = frame
+        return out
+
+    def refine(self, latent: torch.Tensor, audio_latent: torch.Tensor, context: torch.Tensor,
+               context_null: torch.Tensor, steps: int, tier: Tier) -> torch.Tensor:
+        """Upsample + re-noise the preview latent and run the refiner; returns the video latent.
+
+        The preview's clean audio latent is the refiner's audio input (Sand AI's
+        ``magi2_refiner_audio_noise_scale`` -1: not re-noised); the refiner's audio output is
+        dropped, because the clip's audio is the preview's. No reference image is passed
+        (``magi2_refiner_condition_input: none``).
+        """
+
+        from vllm_omni.diffusion.models.magi2.sampler_magi2 import CFGConfig, SamplerInput
+
+        config = self.c.config
+        recipe = refiner_recipe()
+        stride = config.spatial_stride
+        size = (config.refiner_latent_frames, tier.height // stride, tier.width // stride)
+        up = torch.nn.functional.interpolate(latent.float(), size=size, mode="trilinear", align_corners=False)
+        sigma, video_scheduler, audio_scheduler = refiner_schedulers(steps, recipe, self.device)
+        # Drawn from the CPU generator after the preview's video and audio noise.
+        noise = torch.randn(up.shape, dtype=torch.float32).to(self.device)
+        noised = (1.0 - sigma) * up + sigma * noise
+        sampler_input = SamplerInput(
+            video_t_list=video_scheduler.timesteps,
+            audio_t_list=audio_scheduler.timesteps,
+            latent=noised,
+            audio_latent=audio_latent,
+            txt_feat=context,
+            null_txt_feat=context_null,
+            ref_audio_feat=torch.zeros(1, 0, AUDIO_CHANNELS, device=self.device),
+            ref_video_feat=None,
+            video_scheduler=video_scheduler,
+            audio_scheduler=audio_scheduler,
+            cfg_config=CFGConfig(video_txt_guidance_scale=recipe.video_cfg, audio_txt_guidance_scale=recipe.audio_cfg),
+        )
+        with stage("refiner"):
+            refined, _ = self.refiner_sampler.sample(sampler_input)
+        return refined
+
     def decode_audio(self, audio_latent: torch.Tensor, seconds: float) -> np.ndarray:
         from scipy.signal import resample
 
@@ -108,8 +233,11 @@ class EmbeddedDriver:
 
     # -- the run ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, request: Request, tier: Tier, steps: int,
-            on_stage: Callable[[str], None] | None = None) -> DriverOutput:
+    def run(self, request: Request, tier: Tier, steps: int, refiner_steps: int | None = None,
+            on_stage: Callable[[str], None] | None = None,
+            output_size: tuple[int, int] | None = None) -> DriverOutput:
+        """One request. A refined tier runs its preview tier first; ``output_size`` (w, h) resizes."""
+
         from vllm_omni.diffusion.models.magi2.pipeline_magi2 import (
             DEFAULT_NEGATIVE_PROMPT,
             Magi2Pipeline,
@@ -122,11 +250,12 @@ class EmbeddedDriver:
         )
 
         stages = _Stages(on_stage)
+        preview_tier = get_tier(tier.preview) if tier.refined else tier
         _seed_request(request.seed)
         prompt = request.prompt
         ref_feat = ref_len = special = None
         if request.image:
-            ref_feat, ref_len = stages.run("encode", self.encode_reference_image, request.image, tier)
+            ref_feat, ref_len = stages.run("encode", self.encode_reference_image, request.image, preview_tier)
             prompt = Magi2Pipeline._ensure_figure_token(prompt)
         negative = request.negative_prompt or DEFAULT_NEGATIVE_PROMPT
         context, context_null = stages.run("encode", self.encode_prompts, prompt, negative)
@@ -138,8 +267,8 @@ class EmbeddedDriver:
         audio_length = int(round(tier.seconds * config.audio_latent_fps))
         # Draw order is parity-critical upstream: video noise precedes audio noise. Both are drawn
         # from the CPU generator, so every device and layout starts from the same noise.
-        latent = torch.randn(1, VIDEO_CHANNELS, config.latent_frames, tier.height // stride, tier.width // stride,
-                             dtype=torch.float32).to(self.device)
+        latent = torch.randn(1, VIDEO_CHANNELS, config.latent_frames, preview_tier.height // stride,
+                             preview_tier.width // stride, dtype=torch.float32).to(self.device)
         audio_latent = torch.randn(1, audio_length, AUDIO_CHANNELS, dtype=torch.float32).to(self.device)
         video_scheduler, audio_scheduler = build_magi2_preview_schedulers(steps, device=self.device, shift=7.0)
         sampler_input = SamplerInput(
@@ -160,7 +289,15 @@ class EmbeddedDriver:
             ref_image_special_token_embedding=special,
         )
         latent, audio_latent = stages.run("preview", self.sampler.sample, sampler_input)
-        frames = stages.run("decode_video", self.decode_video, latent, tier)
-        audio = stages.run("decode_audio", self.decode_audio, audio_latent, tier.seconds)
+        width, height = output_size or (tier.width, tier.height)
+        if tier.refined:
+            # The audio is the preview's, decoded once; the refiner only touches the video.
+            audio = stages.run("decode_audio", self.decode_audio, audio_latent, tier.seconds)
+            latent = stages.run("refiner", self.refine, latent, audio_latent, context, context_null,
+                                refiner_steps or tier.refiner_steps, tier)
+            frames = stages.run("decode_video", self.decode_refined_video, latent, width, height, tier.frames)
+        else:
+            frames = stages.run("decode_video", self.decode_video, latent, tier)
+            audio = stages.run("decode_audio", self.decode_audio, audio_latent, tier.seconds)
         return DriverOutput(frames, audio, stages.ms,
                             "request" if request.negative_prompt else "upstream DEFAULT_NEGATIVE_PROMPT")

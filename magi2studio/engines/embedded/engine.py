@@ -14,7 +14,7 @@ from pathlib import Path
 from ... import determinism
 from ...errors import Cancelled, EngineError, InputError
 from ...layouts import Layout, check_shape
-from ...request import Request
+from ...request import Request, output_size
 from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...timing import StepTimer, active, install_step_hooks
 from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback
@@ -44,7 +44,6 @@ class EmbeddedEngine(Engine):
     # -- what it can do -----------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         tiers: dict[str, str | None] = {name: None for name in TIERS}
-        tiers["1080p"] = "the embedded engine has no refiner stage yet (the 1080p tier's own issue)"
         return Capabilities(
             engine=ENGINE_NAME,
             platform="cpu",
@@ -61,14 +60,13 @@ class EmbeddedEngine(Engine):
                 "static/dynamic compile costs about 100 s of Inductor codegen on the first run",
                 f"layouts up to {MAX_RANKS} ranks run as a pool of processes on upstream's parallel groups "
                 "(gloo on CPU, NCCL with CUDA)",
+                "1080p: the 540p preview, then a tiny dense refiner DiT with block-window attention "
+                f"({self.config.default_refiner_steps} steps by default), decoded to 1920x1088 x 249 frames at 25 fps",
             ],
         )
 
     def check_layout(self, layout: Layout, tier: Tier) -> list[str]:
         check_shape(layout)
-        reason = self.capabilities().tiers.get(tier.name)
-        if reason:
-            raise InputError("tier", f"{tier.name} cannot run here: {reason}", "pick 272p or 540p")
         if layout.offload:
             raise InputError("layout", "layerwise offload is a GPU path; the embedded engine keeps weights in memory",
                              "drop -offload")
@@ -81,10 +79,16 @@ class EmbeddedEngine(Engine):
                              f"drop -ep{layout.ep} (the heads split {layout.sp} ways with sp{layout.sp})")
         heads = {"query heads": self.config.num_attention_heads, "KV groups": self.config.num_query_groups,
                  "MoE heads": self.config.moe_heads}
+        if tier.refined:
+            heads["refiner KV groups"] = self.config.refiner_num_query_groups
         for what, count in heads.items():
             if count % layout.sp:
+                divisors = ", ".join(f"sp{d}" for d in range(1, MAX_RANKS + 1) if all(c % d == 0 for c in heads.values()))
                 raise InputError("layout", f"the tiny config's {count} {what} do not divide by sp{layout.sp}",
-                                 "use sp1, sp2 or sp4")
+                                 f"use {divisors}")
+        if tier.refined and layout.vae_patch_parallel(tier) != layout.world_size:
+            raise InputError("layout", f"1080p decode needs VAE patch-parallel = world size ({layout.world_size}), "
+                             "as on the real model", f"set the VAE patch-parallel size to {layout.world_size}")
         warnings = []
         cores = os.cpu_count() or 1
         if layout.world_size > cores:
@@ -156,7 +160,7 @@ class EmbeddedEngine(Engine):
             return self._generate_on_pool(request, on_progress, cancel)
         from . import upstream_patches
 
-        tier, steps, compile_mode = self._resolve(request)
+        tier, steps, refiner_steps, compile_mode = self._resolve(request)
         started = time.perf_counter()
 
         def emit(event: Progress) -> None:
@@ -172,11 +176,14 @@ class EmbeddedEngine(Engine):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("cancelled before the run started")
             prepare_compile(self._components.transformer, compile_mode)
+            if tier.refined:
+                prepare_compile(self._components.refiner, compile_mode)
             upstream_patches.set_deterministic(request.deterministic)
             timer = StepTimer(stage="preview", rank=0, on_step=on_step)
             with active(timer):
-                out = self._driver.run(request, tier, steps,
-                                       on_stage=lambda name: emit(Progress(name, elapsed_s=time.perf_counter() - started)))
+                out = self._driver.run(request, tier, steps, refiner_steps,
+                                       on_stage=lambda name: emit(Progress(name, elapsed_s=time.perf_counter() - started)),
+                                       output_size=output_size(request))
         return Generation(
             frames=out.frames,
             audio=out.audio,
@@ -184,7 +191,7 @@ class EmbeddedEngine(Engine):
             sample_rate=AUDIO_SAMPLE_RATE,
             step_records=[r.as_dict() for r in timer.records],
             stage_ms=out.stage_ms,
-            resolved=_resolved(request, steps, compile_mode, out.negative_prompt_source),
+            resolved=_resolved(request, steps, refiner_steps, compile_mode, out.negative_prompt_source),
             engine_info=self.info(),
         )
 
@@ -192,7 +199,7 @@ class EmbeddedEngine(Engine):
                           cancel: threading.Event | None) -> Generation:
         """Run on every rank of the pool; rank 0's frames and audio, every rank's step times."""
 
-        tier, steps, compile_mode = self._resolve(request)
+        tier, steps, refiner_steps, compile_mode = self._resolve(request)
         started = time.perf_counter()
 
         def on_event(event: tuple) -> None:
@@ -212,7 +219,7 @@ class EmbeddedEngine(Engine):
             if pool is None or not pool.alive:
                 raise EngineError(f"the {self._layout.name} ranks were stopped by an earlier failure; "
                                   "start the engine again")
-            result = pool.run(Job(request.model_dump_json(), steps, compile_mode), on_event, cancel)
+            result = pool.run(Job(request.model_dump_json(), steps, compile_mode, refiner_steps), on_event, cancel)
         return Generation(
             frames=result.frames,
             audio=result.audio,
@@ -220,14 +227,16 @@ class EmbeddedEngine(Engine):
             sample_rate=AUDIO_SAMPLE_RATE,
             step_records=result.step_records,
             stage_ms=result.stage_ms,
-            resolved=_resolved(request, steps, compile_mode, result.negative_prompt_source),
+            resolved=_resolved(request, steps, refiner_steps, compile_mode, result.negative_prompt_source),
             engine_info={**self.info(), "ranks": self._layout.world_size, "backend": pool.backend},
         )
 
-    def _resolve(self, request: Request) -> tuple[Tier, int, str]:
-        """The request's tier, and its engine defaults filled in."""
+    def _resolve(self, request: Request) -> tuple[Tier, int, int | None, str]:
+        """The request's tier, and its engine defaults filled in (refiner steps: refined tiers only)."""
 
-        return get_tier(request.tier), request.steps or self.config.default_steps, request.compile or "eager"
+        tier = get_tier(request.tier)
+        refiner_steps = (request.refiner_steps or self.config.default_refiner_steps) if tier.refined else None
+        return tier, request.steps or self.config.default_steps, refiner_steps, request.compile or "eager"
 
     def info(self) -> dict:
         components, pool = self._components, self._pool
@@ -243,6 +252,8 @@ class EmbeddedEngine(Engine):
             "real_model": False,
             "upstream": "vllm-omni 0.30.0 MAGI-2 Preview code (Magi2PreviewTransformer, Magi2DataProxy, "
                         "Magi2PreviewSampler, Magi2Qwen35TextEncoder, Magi2TurboVAEDecoder, Magi2AudioDecoder)",
+            "refiner": "ours (vLLM-Omni 0.30.0 has none): upstream's Magi2PreviewTransformer at a dense config "
+                       "with magi2studio block-window attention, under upstream's sampler and data proxy",
             "stand_ins": STAND_INS,
             "tiny_config": self.config.digest,
             "checkpoint": checkpoint,
@@ -250,9 +261,12 @@ class EmbeddedEngine(Engine):
         }
 
 
-def _resolved(request: Request, steps: int, compile_mode: str, negative_prompt_source: str) -> dict:
+def _resolved(request: Request, steps: int, refiner_steps: int | None, compile_mode: str,
+              negative_prompt_source: str) -> dict:
     """What the manifest records as resolved for a run, whichever way it ran."""
 
-    return {"steps": steps, "compile": compile_mode, "negative_prompt": negative_prompt_source,
+    width, height = output_size(request)
+    return {"steps": steps, "refiner_steps": refiner_steps, "output_size": f"{width}x{height}",
+            "compile": compile_mode, "negative_prompt": negative_prompt_source,
             "deterministic": request.deterministic,
             "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None}}

@@ -46,6 +46,7 @@ class Job:
     request_json: str
     steps: int
     compile_mode: str
+    refiner_steps: int | None = None  # refined tiers (1080p) only
 
 
 @dataclass
@@ -134,7 +135,7 @@ def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, chec
         import torch
         import torch.distributed as dist
 
-        from ...request import Request
+        from ...request import Request, output_size
         from ...tiers import get_tier
         from ...timing import StepTimer, active, install_step_hooks
         from . import upstream_patches
@@ -185,11 +186,17 @@ def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, chec
 
         try:
             request = Request.model_validate_json(job.request_json)
+            tier = get_tier(request.tier)
             prepare_compile(components.transformer, job.compile_mode)
+            if tier.refined:
+                prepare_compile(components.refiner, job.compile_mode)
             upstream_patches.set_deterministic(request.deterministic)
+            # 1080p decodes patch-parallel over all ranks (the layout rule); rank 0 gets the video.
+            driver.set_vae_patch_parallel(sp * cfg if tier.refined else 1)
             timer = StepTimer(stage="preview", rank=rank, on_step=on_step)
             with active(timer):
-                out = driver.run(request, get_tier(request.tier), job.steps, on_stage=on_stage)
+                out = driver.run(request, tier, job.steps, job.refiner_steps, on_stage=on_stage,
+                                 output_size=output_size(request))
             records = [r.as_dict() for r in timer.records]
             if rank == 0:
                 events.put(("done", rank, records, out.frames, out.audio, out.stage_ms, out.negative_prompt_source))

@@ -1,0 +1,149 @@
+"""The refiner's parts without a full 1080p run: recipe, schedule, DiT structure, layout rules, sizes."""
+
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from magi2studio.errors import InputError
+from magi2studio.layouts import Layout
+from magi2studio.request import build_request, output_size
+from magi2studio.tiers import get_tier
+from magi2studio.timing import StepTimer, active, stage
+
+SHARED = Path("/work/shared/sandai-assets/magi2_refiner.json")
+
+
+def test_the_recipe_is_sand_ais_and_the_bundled_json_is_theirs():
+    from magi2studio.engines.embedded.driver import SANDAI_REFINER_JSON, refiner_recipe
+
+    recipe = refiner_recipe()
+    assert (recipe.noise_value, recipe.shift, recipe.video_cfg, recipe.audio_cfg, recipe.steps) == (220, 5.0, 2.0, 5.0, 5)
+    if SHARED.is_file():
+        assert SANDAI_REFINER_JSON.read_bytes() == SHARED.read_bytes()
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5])
+def test_the_schedule_starts_at_the_noise_value_on_the_shifted_curve(steps):
+    from magi2studio.engines.embedded.driver import refiner_recipe, refiner_schedulers
+
+    recipe = refiner_recipe()
+    sigma, video, audio = refiner_schedulers(steps, recipe, torch.device("cpu"))
+    assert sigma == pytest.approx(0.22)
+    assert len(video.timesteps) == steps and torch.equal(video.timesteps, audio.timesteps)
+    assert int(video.timesteps[0]) == 220 and video.sigmas[0].item() == pytest.approx(0.22, abs=1e-6)
+    assert (video.timesteps[1:] < video.timesteps[:-1]).all() and video.sigmas[-1] == 0
+
+
+@pytest.fixture(scope="module")
+def components():
+    """A started in-process embedded engine's components (it owns the world-1 parallel groups)."""
+
+    from magi2studio.engines.embedded.engine import EmbeddedEngine
+
+    engine = EmbeddedEngine()
+    engine.start(Layout(1, 1))
+    yield engine._components
+    engine.close()
+
+
+def test_the_refiner_dit_is_dense_gqa_with_multimodal_ends_and_windowed_layers(components):
+    from vllm_omni.diffusion.models.magi2.modeling_magi2 import Magi2MLP, Magi2PreviewTransformer
+
+    from magi2studio.engines.embedded.block_window import BlockWindowAttentionKernel
+
+    config, refiner = components.config, components.refiner
+    assert isinstance(refiner, Magi2PreviewTransformer) and len(refiner.block.layers) == config.refiner_num_layers
+    for index, layer in enumerate(refiner.block.layers):
+        assert isinstance(layer.mlp, Magi2MLP)  # dense: no multi-head MoE anywhere
+        assert layer.attention.num_modality == (3 if index in config.refiner_multimodal_layers else 1)
+        assert layer.attention.num_heads_q == 8 and layer.attention.num_heads_kv == 2
+        kernel = layer.attention.packed_attention.attention
+        assert isinstance(kernel, BlockWindowAttentionKernel) == (index in config.refiner_local_attn_layers)
+    assert components.loaded_weights == len(components.transformer.state_dict())
+
+
+def test_the_refiner_forward_equals_one_with_the_explicit_mask(components, monkeypatch):
+    """The whole DiT, its layout built from upstream's packing, against the dense masked oracle."""
+
+    from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
+
+    from magi2studio.engines.embedded import block_window
+
+    refiner = components.refiner
+    sampler = Magi2PreviewSampler(refiner)
+    generator = torch.Generator().manual_seed(3)
+    model_input = sampler.prepare_model_input(
+        torch.randn(1, 48, 5, 6, 7, generator=generator), torch.randn(1, 10, 64, generator=generator),
+        torch.randn(1, 9, 128, generator=generator), torch.randn(1, 4, 128, generator=generator), t=torch.tensor(220.0))
+    packed = sampler.data_proxy.process_input(model_input)
+    with torch.inference_mode():
+        windowed = refiner(*packed.model_args)
+        mask = block_window.reference_mask(packed.coords_mapping, packed.modality_mapping,
+                                           packed.varlen_handler.cu_seqlens_q, refiner.window)
+        assert not mask.all()
+        monkeypatch.setattr(block_window, "block_window_attention",
+                            lambda q, k, v, layout, sink: block_window.masked_dense_attention(q, k, v, mask, sink))
+        reference = refiner(*packed.model_args)
+        sample = torch.bucketize(torch.arange(mask.shape[0]), packed.varlen_handler.cu_seqlens_q[1:].long(), right=True)
+        full = sample[:, None] == sample[None, :]
+        monkeypatch.setattr(block_window, "block_window_attention",
+                            lambda q, k, v, layout, sink: block_window.masked_dense_attention(q, k, v, full, sink))
+        unwindowed = refiner(*packed.model_args)
+    torch.testing.assert_close(windowed, reference, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(windowed, unwindowed, atol=1e-3)
+
+
+def test_refined_video_decodes_in_chunks_to_the_delivered_size(components):
+    from magi2studio.engines.embedded.driver import EmbeddedDriver
+
+    driver = EmbeddedDriver(components)
+    latent = torch.randn(1, 48, components.config.refiner_latent_frames, 17, 30, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        frames = driver.decode_refined_video(latent, 1920, 1080, 249)
+    assert frames.shape == (249, 1080, 1920, 3) and frames.dtype == np.uint8
+    # 249 frames sample the decoder's frames evenly: runs of equal frames, more than one distinct.
+    distinct = 1 + int(np.count_nonzero(np.any(frames[1:] != frames[:-1], axis=(1, 2, 3))))
+    assert 1 < distinct < 249
+
+
+def test_1080p_layout_rules_in_the_embedded_engine():
+    from magi2studio.engines.embedded.engine import EmbeddedEngine
+
+    engine = EmbeddedEngine()
+    tier = get_tier("1080p")
+    assert engine.capabilities().tiers["1080p"] is None
+    engine.check_layout(Layout(2, 1), tier)
+    with pytest.raises(InputError, match=r"^layout: the tiny config's 2 refiner KV groups do not divide by sp4\. Fix: use sp1, sp2$"):
+        engine.check_layout(Layout(4, 1), tier)
+    engine.check_layout(Layout(4, 1), get_tier("540p"))  # the preview alone has 4 KV groups
+    with pytest.raises(InputError, match="VAE patch-parallel = world size"):
+        engine.check_layout(Layout(1, 2, vae_pp=1), tier)
+
+
+def test_output_size_is_the_generated_one_or_a_listed_resize():
+    assert output_size(build_request(prompt="p", tier="1080p")) == (1920, 1088)
+    assert output_size(build_request(prompt="p", tier="1080p", output_height=1080)) == (1920, 1080)
+    for fields, message in [
+        ({"tier": "1080p", "output_height": 1000}, "output_height: 1000 is not an output size of the 1080p tier. Fix: "),
+        ({"tier": "1080p", "output_width": 1280}, "output_width: 1280 is not an output size of the 1080p tier. Fix: "),
+        ({"tier": "272p", "output_height": 1080}, "output_height: 1080 is not an output size of the 272p tier. Fix: "),
+        ({"tier": "1080p", "output_height": True}, "output_height: "),
+    ]:
+        with pytest.raises(InputError) as caught:
+            build_request(prompt="p", **fields)
+        assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_stage_relabels_the_active_timers_steps_for_the_block():
+    timer = StepTimer(stage="preview")
+    with active(timer):
+        for name in ("preview", "refiner", "preview"):
+            with stage(name) if name == "refiner" else nullcontext():
+                timer.begin_sample(torch.zeros(1), 1)
+                timer.step_start()
+                timer.step_end()
+                timer.end_sample()
+    assert [r.stage for r in timer.records] == ["preview", "refiner", "preview"]
