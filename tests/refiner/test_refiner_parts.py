@@ -147,3 +147,31 @@ def test_stage_relabels_the_active_timers_steps_for_the_block():
                 timer.step_end()
                 timer.end_sample()
     assert [r.stage for r in timer.records] == ["preview", "refiner", "preview"]
+
+
+def test_cli_output_size_and_refiner_steps_flags_reach_the_request():
+    import argparse
+
+    from magi2studio.commands.generate import add_request_arguments, request_from_args
+
+    parser = argparse.ArgumentParser()
+    add_request_arguments(parser)
+    request = request_from_args(parser.parse_args(["--prompt", "p", "--tier", "1080p", "--refiner-steps", "3",
+                                                   "--output-height", "1080"]))
+    assert (request.refiner_steps, output_size(request)) == (3, (1920, 1080))
+    with pytest.raises(InputError, match="^output_height: 1000 is not an output size of the 1080p tier"):
+        request_from_args(parser.parse_args(["--prompt", "p", "--tier", "1080p", "--output-height", "1000"]))
+
+
+def test_the_studio_form_passes_refiner_steps_for_1080p():
+    from magi2studio.engines.embedded.engine import EmbeddedEngine
+    from magi2studio.studio.form import request_from_form
+
+    engine = EmbeddedEngine()
+    request, layout, _ = request_from_form({"prompt": "p", "tier": "1080p", "refiner_steps": "3", "video_cfg": 5.0,
+                                            "audio_cfg": 7.0, "layout_preset": "sp1-cfg1"},
+                                           engine.capabilities(), engine)
+    assert (request.tier, request.refiner_steps, layout.name) == ("1080p", 3, "sp1-cfg1")
+    assert engine._resolve(request)[2] == 3
+    assert engine._resolve(build_request(prompt="p", tier="1080p"))[2] == engine.config.default_refiner_steps
+    assert engine._resolve(build_request(prompt="p", tier="540p", refiner_steps=3))[2] is None
