@@ -26,6 +26,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=None, help="runs (default 2; 1 for 1080p)")
     parser.add_argument("--tier", default="272p", choices=("272p", "540p", "1080p"))
+    parser.add_argument("--no-deterministic", action="store_true",
+                        help="request deterministic=false (torch's deterministic mode costs about 2x on CPU)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -35,7 +37,7 @@ def main() -> int:
     from magi2studio.request import build_request, read_prompt_file
 
     prompt = read_prompt_file(Path(__file__).resolve().parents[1] / "magi2studio/data/sandai/assets/sample_000.txt")
-    request = build_request(prompt=prompt, tier=args.tier)
+    request = build_request(prompt=prompt, tier=args.tier, deterministic=not args.no_deterministic)
     repeat = args.repeat or (1 if args.tier == "1080p" else 2)
     budget_s = BUDGETS_S.get(args.tier)
     load_at_start = os.getloadavg()
@@ -63,6 +65,7 @@ def main() -> int:
     median_run = statistics.median(r["run_s"] for r in rows)
     result = {
         "benchmark": "embedded_generate", "tier": args.tier, "layout": layout.name,
+        "deterministic": request.deterministic,
         "engine_start_s": start_s, "runs": rows, "median_run_s": median_run,
         "budget_s": budget_s, "ratio_to_budget": median_run / budget_s if budget_s else None,
         "identical_outputs": len({r["frames_sha256"] for r in rows}) == 1,
@@ -70,7 +73,7 @@ def main() -> int:
                     "loadavg_at_start": load_at_start, "loadavg_at_end": os.getloadavg()},
         "date": time.strftime("%Y-%m-%d"),
     }
-    name = "embedded" if args.tier == "272p" else f"embedded-{args.tier}"
+    name = ("embedded" if args.tier == "272p" else f"embedded-{args.tier}") + ("-nondet" if args.no_deterministic else "")
     out = Path(args.out or Path(__file__).resolve().parents[1] / f"docs/perf/{name}-{result['date']}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")

@@ -19,8 +19,11 @@ SHARED = Path("/work/shared/sandai-assets/magi2_refiner.json")
 def test_the_recipe_is_sand_ais_and_the_bundled_json_is_theirs():
     from magi2studio.engines.embedded.driver import SANDAI_REFINER_JSON, refiner_recipe
 
+    from magi2studio.engines.embedded.tiny import TinyConfig
+
     recipe = refiner_recipe()
     assert (recipe.noise_value, recipe.shift, recipe.video_cfg, recipe.audio_cfg, recipe.steps) == (220, 5.0, 2.0, 5.0, 5)
+    assert get_tier("1080p").refiner_steps == TinyConfig().default_refiner_steps == recipe.steps
     if SHARED.is_file():
         assert SANDAI_REFINER_JSON.read_bytes() == SHARED.read_bytes()
 
