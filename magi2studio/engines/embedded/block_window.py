@@ -320,7 +320,6 @@ def make_refiner_transformer(config, window: BlockWindow, local_layers: tuple[in
     model = Magi2RefinerTransformer(config)
     model._window_slot = _LayoutSlot()
     model.window = window
-    model.local_attn_layers = tuple(local_layers)
     for index in local_layers:
         attention = model.block.layers[index].attention
         attention.packed_attention = Attention(
