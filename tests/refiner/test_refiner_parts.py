@@ -178,3 +178,10 @@ def test_the_studio_form_passes_refiner_steps_for_1080p():
     assert engine._resolve(request)[2] == 3
     assert engine._resolve(build_request(prompt="p", tier="1080p"))[2] == engine.config.default_refiner_steps
     assert engine._resolve(build_request(prompt="p", tier="540p", refiner_steps=3))[2] is None
+
+
+def test_the_tiny_tree_passes_the_1080p_weights_check(components):
+    from magi2studio.weights import check_weights
+
+    report = check_weights(components.root, tier="1080p")
+    assert report.problems == [] and (components.root / "refiner" / "model.safetensors.index.json").is_file()
