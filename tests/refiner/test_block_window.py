@@ -14,7 +14,7 @@ from magi2studio.engines.embedded.block_window import (
     reference_mask,
 )
 
-SANDAI = Path("/work/shared/sandai-assets/magi2_refiner.json")
+SANDAI = Path(__file__).resolve().parents[2] / "magi2studio" / "data" / "sandai" / "magi2_refiner.json"
 
 
 def packed(t, h, w, texts, audio=6, ref_image=None):
