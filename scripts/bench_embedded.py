@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=None, help="runs (default 2; 1 for 1080p)")
     parser.add_argument("--tier", default="272p", choices=("272p", "540p", "1080p"))
     parser.add_argument("--no-deterministic", action="store_true",
-                        help="request deterministic=false (torch's deterministic mode costs about 2x on CPU)")
+                        help="request deterministic=false (deterministic mode costs about 2x on CPU: docs/performance.md)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
