@@ -131,8 +131,8 @@ def moe_experts(
         w13,
         w_down,
         deterministic=deterministic or not platform.atomic_moe,
-        w13_config=w13_config or platform.w13,
-        w2_config=w2_config or platform.w2,
+        w13_config=(w13_config or platform.w13).fitted(x.shape[-1], w_down.shape[1]),
+        w2_config=(w2_config or platform.w2).fitted(w_down.shape[1], x.shape[-1]),
         tile_prefix=_tile_prefix,
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -25,6 +25,21 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     n_per_program: int = 1  # W13 only: n-blocks one program walks (its x tile stays hot)
+
+    def fitted(self, k_dim: int, n_dim: int) -> GemmConfig:
+        """This config with ``block_k``/``block_n`` halved until they divide ``k_dim``/``n_dim``.
+
+        The tuned blocks are the real model's (d_head 256 and up); a smaller head (the embedded
+        engine's tiny MAGI-2 has 64) gets the largest power-of-two block that fits, down to
+        Triton's 16-wide dot. Shapes that no block divides stay refused by the launcher.
+        """
+
+        def fit(block: int, dim: int) -> int:
+            while block > 16 and dim % block:
+                block //= 2
+            return block
+
+        return replace(self, block_k=fit(self.block_k, k_dim), block_n=fit(self.block_n, n_dim))
 
     def as_dict(self) -> dict[str, int]:
         return {

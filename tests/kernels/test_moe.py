@@ -100,9 +100,25 @@ def test_matches_vllm_omni_torch_oracle(gen):
 
 
 def test_rejects_shapes_off_the_block_grid(gen):
-    x, routes, w13, w_down, _ = make_problem(gen, 8, 1, 4, 64, 80, 2, torch.float32)
+    x, routes, w13, w_down, _ = make_problem(gen, 8, 1, 4, 64, 72, 2, torch.float32)
     with pytest.raises(ValueError, match="d_expert"):
         moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down)
+
+
+def test_tuned_blocks_shrink_to_a_small_head(gen, poison):
+    """Hopper's blocks (W13 block_k 256, W2 block_n 256) fit the tiny MAGI-2's 64-wide heads.
+
+    Found on the H200: the embedded engine's d_head 64 was refused with the tuned config.
+    """
+
+    from magi2_kernels.platform import HOPPER_W2, HOPPER_W13
+
+    assert (HOPPER_W13.fitted(64, 128).block_k, HOPPER_W2.fitted(128, 64).block_n) == (64, 64)
+    assert HOPPER_W13.fitted(1024, 512) == HOPPER_W13
+    x, routes, w13, w_down, _ = make_problem(gen, 21, 2, 8, 64, 128, 2, torch.float32)
+    out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down,
+                          w13_config=HOPPER_W13, w2_config=HOPPER_W2)
+    assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
 
 
 @pytest.mark.parametrize("n_per_program", [1, 2, 4])
