@@ -178,7 +178,12 @@ def render(report: dict[str, Any]) -> list[str]:
     expected = report["deterministic_env_expected"]
     for key, value in report["deterministic_env"].items():
         if key in expected:
-            state = "ok" if value == expected[key] else f"NOT SET (want {expected[key]}; run `magi2studio env`)"
+            if value == expected[key]:
+                state = "ok"
+            elif value is None:
+                state = f"NOT SET (want {expected[key]}; run `magi2studio env`)"
+            else:
+                state = f"DIFFERS (want {expected[key]}; unset it or run `magi2studio env`)"
             lines.append(f"deterministic env: {key}={value} {state}")
         else:
             lines.append(f"deterministic env: {key}={value} (engines set a fresh cache per run)")

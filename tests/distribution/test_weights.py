@@ -123,10 +123,11 @@ def test_doctor_reports_on_this_machine(tree, tmp_path, monkeypatch, capsys):
     info.write_text(json.dumps({"git_revision": "abc123", "lock_sha256": "f" * 64, "pip_freeze": ["x==1"]}))
     monkeypatch.setattr(provenance, "BUILD_INFO_PATH", info)
     monkeypatch.setenv("TORCHINDUCTOR_DETERMINISTIC", "1")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the CLI fills unset values, never set ones
     assert main(["doctor", "--root", str(tree)]) == 0
     out = capsys.readouterr().out
     assert "platform: cpu" in out and "git_revision=abc123" in out
-    assert "TORCHINDUCTOR_DETERMINISTIC=1 ok" in out and "CUBLAS_WORKSPACE_CONFIG=None NOT SET" in out
+    assert "TORCHINDUCTOR_DETERMINISTIC=1 ok" in out and "CUBLAS_WORKSPACE_CONFIG=:16:8 DIFFERS (want :4096:8" in out
     assert "mux: PyAV" in out and f"weights: ok at {tree}" in out
     assert "engine embedded:" in out and "engine vllm-omni:" in out and "tier 272p:" in out
     (tree / "vae" / "Wan2.2_VAE.pth").unlink()
