@@ -38,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from ..layouts import parse_layout
     from ..reproduce import load_reference, reference_from_report, reproduce, write_atomic
     from ..samples import load_sample_set
+    from ..tiers import get_tier
 
+    if args.tier is not None:
+        get_tier(args.tier)  # the flag is named in the refusal, not the first entry it reaches
     defaults = {key: value for key, value in (("tier", args.tier), ("steps", _whole("steps", args.steps)),
                                               ("compile", args.compile)) if value is not None}
     seed = _whole("seed", args.seed)

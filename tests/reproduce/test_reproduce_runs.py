@@ -133,7 +133,7 @@ def test_an_entry_failing_during_the_run_is_reported_and_the_rest_still_run(tmp_
     (["reproduce", "sandai", "--skip-missing", "--seed-policy", "shuffle"], "seed_policy"),
     (["reproduce", "sandai", "--skip-missing", "--expect", "/nonexistent.json"], "expect"),
     (["reproduce", "sandai", "--skip-missing", "--layout", "sp8-cfg1-ep4"], "layout"),
-    (["reproduce", "sandai", "--skip-missing", "--tier", "1080p"], "tier"),
+    (["reproduce", "sandai", "--skip-missing", "--tier", "720p"], "tier"),
 ])
 def test_bad_input_exits_2_before_any_run(tmp_path, capsys, argv, field):
     out = tmp_path / "out"
