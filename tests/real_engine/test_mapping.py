@@ -111,6 +111,19 @@ def test_i2va_image_goes_in_as_multi_modal_data(caps, tmp_path):
     assert isinstance(evaluated["image"], Image.Image) and evaluated["image"].size == (64, 40)
 
 
+def test_output_size_reaches_upstreams_resize_as_a_pair(caps):
+    """A listed output size goes as both output_width and output_height (upstream refuses one)."""
+
+    request = build_request(prompt="x", steps=1, output_width=448)
+    sampling = params.sampling_params(request, params.check_request(request, caps), caps)
+    assert (sampling.extra_args["output_width"], sampling.extra_args["output_height"]) == (448, 256)
+    upstream_forward("x", sampling)
+    plain = build_request(prompt="x", steps=1)
+    assert "output_width" not in params.sampling_params(plain, params.check_request(plain, caps), caps).extra_args
+    with pytest.raises(OmniClientError, match="requires output_width and output_height"):
+        upstream_forward("x", OmniDiffusionSamplingParams(extra_args={"output_width": 448}))
+
+
 def test_deterministic_flag_matches_what_upstream_fixes_at_start(caps):
     request = build_request(prompt="x", deterministic=False, steps=1)
     sampling = params.sampling_params(request, params.check_request(request, caps), caps)

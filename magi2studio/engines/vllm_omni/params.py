@@ -16,7 +16,7 @@ from typing import Any
 from ...capabilities import UpstreamCapabilities, tier_refusal, topology_refusal
 from ...errors import InputError
 from ...layouts import Layout, check_shape
-from ...request import Request
+from ...request import Request, output_size
 from ...tiers import Tier, get_tier
 
 COMPILE_MODES = ("static", "dynamic", "eager")
@@ -132,6 +132,10 @@ def omni_kwargs(options: StartOptions, checkpoint_root: str) -> dict[str, Any]:
 def sampling_params(request: Request, tier: Tier, caps: UpstreamCapabilities):
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
+    extra = {"resolution": tier.name, "seconds": tier.seconds, "deterministic": request.deterministic}
+    if request.output_width is not None or request.output_height is not None:
+        # Upstream resizes the generated clip when given both (it refuses one alone).
+        extra["output_width"], extra["output_height"] = output_size(request)
     return OmniDiffusionSamplingParams(
         seed=request.seed,
         num_inference_steps=request.steps or caps.default_steps,
@@ -139,7 +143,7 @@ def sampling_params(request: Request, tier: Tier, caps: UpstreamCapabilities):
         width=tier.width,
         num_frames=tier.frames,
         fps=tier.fps,
-        extra_args={"resolution": tier.name, "seconds": tier.seconds, "deterministic": request.deterministic},
+        extra_args=extra,
     )
 
 
