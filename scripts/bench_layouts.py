@@ -1,7 +1,9 @@
 """Per-layout step times of the embedded engine on this machine (JSON to docs/perf/).
 
-Communication-bound toy figures on a tiny config over gloo: not GPU predictions.
-    .venv/bin/python scripts/bench_layouts.py --steps 6 --layouts sp1-cfg1 sp2-cfg1 sp1-cfg2 sp2-cfg2
+Communication-bound toy figures on a tiny config over gloo: not GPU predictions. Each mode
+(deterministic on / off) runs every layout; the first layout is the reference the others'
+outputs are compared with (identical hashes, or how far the frames and audio are).
+    .venv/bin/python scripts/bench_layouts.py --steps 4 --modes on off
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import platform
 import time
 from pathlib import Path
 
-from magi2studio import media
+import numpy as np
+
+from magi2studio import determinism, media
 from magi2studio.engines.embedded.engine import EmbeddedEngine
 from magi2studio.layouts import parse_layout
 from magi2studio.request import build_request
@@ -28,32 +32,47 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--modes", nargs="+", choices=("on", "off"), default=["on", "off"],
+                        help="deterministic mode(s) to run every layout in")
     args = parser.parse_args()
 
-    request = build_request(prompt="a red kite over a windy beach, waves and gulls", steps=args.steps, seed=args.seed)
+    determinism.apply_defaults()  # the CLI's environment, before the first engine starts torch
     engine = EmbeddedEngine()
     rows = []
     try:
-        for name in args.layouts:
-            layout = parse_layout(name)
-            started = time.perf_counter()
-            engine.start(layout)
-            start_s = time.perf_counter() - started
-            generation = engine.generate(request)
-            summary = gate_summary(generation.step_records)
-            rows.append({"layout": name, "world_size": layout.world_size, "start_s": round(start_s, 2),
-                         "preview_ms": round(generation.stage_ms["preview"], 1),
-                         "gate_ms_per_step": summary["gate_ms"], "median_ms": summary["median_ms"],
-                         "frames_sha256": media.frames_sha256(generation.frames),
-                         "pcm_sha256": media.pcm_sha256(generation.audio)})
-            print(json.dumps(rows[-1]), flush=True)
+        for mode in args.modes:
+            request = build_request(prompt="a red kite over a windy beach, waves and gulls", steps=args.steps,
+                                    seed=args.seed, deterministic=mode == "on")
+            reference = None
+            for name in args.layouts:
+                layout = parse_layout(name)
+                started = time.perf_counter()
+                engine.start(layout)
+                start_s = time.perf_counter() - started
+                generation = engine.generate(request)
+                reference = reference or generation
+                summary = gate_summary(generation.step_records)
+                frames = np.abs(generation.frames.astype(np.int16) - reference.frames.astype(np.int16))
+                rows.append({"deterministic": mode, "layout": name, "world_size": layout.world_size,
+                             "start_s": round(start_s, 2), "preview_ms": round(generation.stage_ms["preview"], 1),
+                             "gate_ms_per_step": summary["gate_ms"], "median_ms": summary["median_ms"],
+                             "frames_sha256": media.frames_sha256(generation.frames),
+                             "pcm_sha256": media.pcm_sha256(generation.audio),
+                             f"identical_to_{args.layouts[0]}": bool(
+                                 media.frames_sha256(generation.frames) == media.frames_sha256(reference.frames)
+                                 and media.pcm_sha256(generation.audio) == media.pcm_sha256(reference.audio)),
+                             "frame_bytes_differing": float((frames > 0).mean()),
+                             "frame_max_levels": int(frames.max()),
+                             "audio_max_abs": float(np.abs(generation.audio - reference.audio).max()),
+                             "audio_peak": float(np.abs(reference.audio).max())})
+                print(json.dumps(rows[-1]), flush=True)
     finally:
         engine.close()
     report = {
         "what": "embedded engine (tiny config, generated weights) per-layout step times on CPU over gloo: "
                 "communication-bound toy figures, not GPU predictions",
         "metric": "per step the slowest rank; steps 0 and 1 dropped; mean of the rest",
-        "steps": args.steps, "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
+        "steps": args.steps, "cpu_capability": determinism.cpu_capability(), "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
         "machine": platform.platform(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "layouts": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -264,7 +264,7 @@ class RankPool:
     def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs]
 
-    def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int]],
+    def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int, str]],
                     passed: dict[int, int] | None = None) -> tuple:
         """The next event from any rank; raise EngineError on a dead or silent rank."""
 
@@ -289,7 +289,7 @@ class RankPool:
                     f"{who} of layout {self.layout.name} made no progress for {self.rank_timeout_s:.0f} s while "
                     f"{phase}" + _at_step(behind[0], last_step) + "; the pool was stopped")
 
-    def _blame_dead_rank(self, failed: int, last_step: dict[int, tuple[int, int]], wait_s: float = 2.0) -> None:
+    def _blame_dead_rank(self, failed: int, last_step: dict[int, tuple[int, int, str]], wait_s: float = 2.0) -> None:
         """A collective error on one rank is often another rank's death: name the dead one."""
 
         deadline = time.monotonic() + wait_s
@@ -310,7 +310,7 @@ class RankPool:
             jobs.put(job)
         done: dict[int, tuple] = {}
         cancelled: dict[int, str] = {}
-        last_step: dict[int, tuple[int, int]] = {}
+        last_step: dict[int, tuple[int, int, str]] = {}
         passed: dict[int, int] = {}
         try:
             deadline = time.monotonic() + self.rank_timeout_s
@@ -321,7 +321,7 @@ class RankPool:
                 deadline = time.monotonic() + self.rank_timeout_s
                 kind = event[0]
                 if kind == "step":
-                    last_step[event[1]] = (event[3], event[4])
+                    last_step[event[1]] = (event[3], event[4], event[2])
                     if event[1] == 0:
                         on_event(event)
                         if cancel is not None and cancel.is_set():
@@ -379,8 +379,10 @@ class RankPool:
         self._procs = []
 
 
-def _at_step(rank: int, last_step: dict[int, tuple[int, int]]) -> str:
+def _at_step(rank: int, last_step: dict[int, tuple[int, int, str]]) -> str:
+    """Where a failed rank was: its last finished step and that step's stage (preview or refiner)."""
+
     if rank not in last_step:
         return " before finishing any preview step"
-    index, total = last_step[rank]
-    return f" after finishing {index + 1} of {total} preview steps (in step {index + 2})"
+    index, total, stage = last_step[rank]
+    return f" after finishing {index + 1} of {total} {stage} steps (in step {index + 2})"
