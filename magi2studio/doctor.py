@@ -15,11 +15,12 @@ import sys
 from typing import Any
 
 from . import determinism, provenance
+from .engines import ENGINE_NAMES
 from .errors import InputError
 from .layouts import PRESETS
 from .tiers import TIERS, get_tier
 
-ENGINES = ("embedded", "vllm-omni")
+ENGINES = ENGINE_NAMES  # the server engine probes its URL (3 s at most)
 
 
 def detect_platform() -> dict[str, Any]:

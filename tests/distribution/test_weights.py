@@ -130,6 +130,7 @@ def test_doctor_reports_on_this_machine(tree, tmp_path, monkeypatch, capsys):
     assert "TORCHINDUCTOR_DETERMINISTIC=1 ok" in out and "CUBLAS_WORKSPACE_CONFIG=:16:8 DIFFERS (want :4096:8" in out
     assert "mux: PyAV" in out and f"weights: ok at {tree}" in out
     assert "engine embedded:" in out and "engine vllm-omni:" in out and "tier 272p:" in out
+    assert "engine vllm-omni-server:" in out and "not reachable" in out  # no server listens here
     (tree / "vae" / "Wan2.2_VAE.pth").unlink()
     assert main(["doctor", "--root", str(tree), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
