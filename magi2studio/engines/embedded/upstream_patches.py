@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -42,9 +44,46 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def stdout_with_a_descriptor():
+    """A ``sys.stdout`` that has a file descriptor, for the duration of the block.
+
+    vLLM's ``GroupCoordinator`` silences C-level output around group creation through
+    ``sys.stdout.fileno()``; a captured stdout (pytest's capsys, Jupyter, a redirected studio)
+    has none and raises ``io.UnsupportedOperation: fileno``. The process's own stdout, or
+    os.devnull, stands in while upstream builds its groups.
+    """
+
+    def has_descriptor(stream) -> bool:
+        try:
+            stream.fileno()
+            return True
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the latter
+            return False
+
+    if has_descriptor(sys.stdout):
+        yield
+        return
+    saved = sys.stdout
+    stand_in = sys.__stdout__ if sys.__stdout__ is not None and has_descriptor(sys.__stdout__) else None
+    opened = None
+    if stand_in is None:
+        stand_in = opened = open(os.devnull, "w")  # noqa: SIM115 - closed below
+    sys.stdout = stand_in
+    try:
+        yield
+    finally:
+        sys.stdout = saved
+        if opened is not None:
+            opened.close()
+
+
 def init_parallel(*, world_size: int, rank: int, port: int, ulysses_degree: int, cfg_parallel_size: int,
                   backend: str = "gloo", timeout_s: float = 120.0) -> None:
-    """Upstream's distributed environment and MAGI-2 groups for one layout."""
+    """Upstream's distributed environment and MAGI-2 groups for one layout; all or nothing.
+
+    A failure part-way releases what was made, so the next start finds no half-built world.
+    """
 
     import datetime
 
@@ -54,17 +93,24 @@ def init_parallel(*, world_size: int, rank: int, port: int, ulysses_degree: int,
     method = f"tcp://127.0.0.1:{port}"
     dist.init_process_group(backend, init_method=method, world_size=world_size, rank=rank,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    parallel_state.init_distributed_environment(world_size=world_size, rank=rank, local_rank=rank,
-                                                distributed_init_method=method, backend=backend)
-    parallel_state.initialize_model_parallel(cfg_parallel_size=cfg_parallel_size, ulysses_degree=ulysses_degree,
-                                             sequence_parallel_size=ulysses_degree, backend=backend)
+    try:
+        with stdout_with_a_descriptor():
+            parallel_state.init_distributed_environment(world_size=world_size, rank=rank, local_rank=rank,
+                                                        distributed_init_method=method, backend=backend)
+            parallel_state.initialize_model_parallel(cfg_parallel_size=cfg_parallel_size,
+                                                     ulysses_degree=ulysses_degree,
+                                                     sequence_parallel_size=ulysses_degree, backend=backend)
+    except BaseException:
+        destroy_parallel()
+        raise
 
 
 def destroy_parallel() -> None:
     from vllm_omni.diffusion.distributed import parallel_state
 
-    parallel_state.destroy_model_parallel()
-    parallel_state.destroy_distributed_environment()
+    with stdout_with_a_descriptor():
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()
     if dist.is_initialized():
         dist.destroy_process_group()
 
