@@ -120,3 +120,17 @@ def test_a_tier_the_engine_cannot_run_is_refused_with_its_reason(studio, monkeyp
     reason = "vLLM-Omni 0.30.0 has no MAGI-2 refiner"
     monkeypatch.setitem(studio.ctx.capabilities.tiers, "1080p", reason)
     assert reason in refusal(studio, tier="1080p")
+
+
+@pytest.mark.slow
+def test_1080p_runs_on_the_embedded_engine_with_the_refiner_steps_control(studio):
+    """The 1080p tier from the page: the refiner-steps field sets the refiner stage's steps."""
+
+    client = Client(studio.url, verbose=False)
+    result = client.predict(**generate_args(tier="1080p", steps=FAST_STEPS, refiner_steps="2", seed=3),
+                            api_name="/generate")
+    manifest = result[MANIFEST]
+    assert manifest["request"]["tier"] == "1080p" and manifest["request"]["refiner_steps"] == 2
+    assert manifest["resolved"]["output_size"] == "1920x1088"
+    assert manifest["timing"]["stages"]["refiner"]["steps"] == 2
+    assert (manifest["output"]["width"], manifest["output"]["height"], manifest["output"]["frames"]) == (1920, 1088, 249)
