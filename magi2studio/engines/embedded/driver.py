@@ -195,8 +195,6 @@ class EmbeddedDriver:
         (``magi2_refiner_condition_input: none``).
         """
 
-        from vllm_omni.diffusion.models.magi2.sampler_magi2 import CFGConfig, SamplerInput
-
         config = self.c.config
         recipe = refiner_recipe()
         stride = config.spatial_stride
@@ -206,10 +204,23 @@ class EmbeddedDriver:
         # Drawn from the CPU generator after the preview's video and audio noise.
         noise = torch.randn(up.shape, dtype=torch.float32).to(self.device)
         noised = (1.0 - sigma) * up + sigma * noise
-        sampler_input = SamplerInput(
+        sampler_input = self._sampler_input(noised, audio_latent, context, context_null, video_scheduler,
+                                            audio_scheduler, recipe.video_cfg, recipe.audio_cfg)
+        with stage("refiner"):
+            refined, _ = self.refiner_sampler.sample(sampler_input)
+        return refined
+
+    def _sampler_input(self, latent: torch.Tensor, audio_latent: torch.Tensor, context: torch.Tensor,
+                       context_null: torch.Tensor, video_scheduler, audio_scheduler, video_cfg: float,
+                       audio_cfg: float, **reference_image):
+        """Upstream's sampler input for one stage (the preview passes the I2VA reference image)."""
+
+        from vllm_omni.diffusion.models.magi2.sampler_magi2 import CFGConfig, SamplerInput
+
+        return SamplerInput(
             video_t_list=video_scheduler.timesteps,
             audio_t_list=audio_scheduler.timesteps,
-            latent=noised,
+            latent=latent,
             audio_latent=audio_latent,
             txt_feat=context,
             null_txt_feat=context_null,
@@ -217,11 +228,9 @@ class EmbeddedDriver:
             ref_video_feat=None,
             video_scheduler=video_scheduler,
             audio_scheduler=audio_scheduler,
-            cfg_config=CFGConfig(video_txt_guidance_scale=recipe.video_cfg, audio_txt_guidance_scale=recipe.audio_cfg),
+            cfg_config=CFGConfig(video_txt_guidance_scale=video_cfg, audio_txt_guidance_scale=audio_cfg),
+            **reference_image,
         )
-        with stage("refiner"):
-            refined, _ = self.refiner_sampler.sample(sampler_input)
-        return refined
 
     def decode_audio(self, audio_latent: torch.Tensor, seconds: float) -> np.ndarray:
         from scipy.signal import resample
@@ -243,11 +252,7 @@ class EmbeddedDriver:
             Magi2Pipeline,
             _seed_request,
         )
-        from vllm_omni.diffusion.models.magi2.sampler_magi2 import (
-            CFGConfig,
-            SamplerInput,
-            build_magi2_preview_schedulers,
-        )
+        from vllm_omni.diffusion.models.magi2.sampler_magi2 import build_magi2_preview_schedulers
 
         stages = _Stages(on_stage)
         preview_tier = get_tier(tier.preview) if tier.refined else tier
@@ -271,23 +276,10 @@ class EmbeddedDriver:
                              preview_tier.width // stride, dtype=torch.float32).to(self.device)
         audio_latent = torch.randn(1, audio_length, AUDIO_CHANNELS, dtype=torch.float32).to(self.device)
         video_scheduler, audio_scheduler = build_magi2_preview_schedulers(steps, device=self.device, shift=7.0)
-        sampler_input = SamplerInput(
-            video_t_list=video_scheduler.timesteps,
-            audio_t_list=audio_scheduler.timesteps,
-            latent=latent,
-            audio_latent=audio_latent,
-            txt_feat=context,
-            null_txt_feat=context_null,
-            ref_audio_feat=torch.zeros(1, 0, AUDIO_CHANNELS, device=self.device),
-            ref_video_feat=None,
-            video_scheduler=video_scheduler,
-            audio_scheduler=audio_scheduler,
-            cfg_config=CFGConfig(video_txt_guidance_scale=request.video_cfg,
-                                 audio_txt_guidance_scale=request.audio_cfg),
-            ref_image_feat=ref_feat,
-            ref_image_feat_len=ref_len,
-            ref_image_special_token_embedding=special,
-        )
+        sampler_input = self._sampler_input(latent, audio_latent, context, context_null, video_scheduler,
+                                            audio_scheduler, request.video_cfg, request.audio_cfg,
+                                            ref_image_feat=ref_feat, ref_image_feat_len=ref_len,
+                                            ref_image_special_token_embedding=special)
         latent, audio_latent = stages.run("preview", self.sampler.sample, sampler_input)
         width, height = output_size or (tier.width, tier.height)
         if tier.refined:
