@@ -50,21 +50,19 @@ def main() -> None:
                 engine.start(layout)
                 start_s = time.perf_counter() - started
                 generation = engine.generate(request)
-                reference = reference or generation
+                hashes = media.frames_sha256(generation.frames), media.pcm_sha256(generation.audio)
+                reference = reference or (generation, hashes)
                 summary = gate_summary(generation.step_records)
-                frames = np.abs(generation.frames.astype(np.int16) - reference.frames.astype(np.int16))
+                frames = np.abs(generation.frames.astype(np.int16) - reference[0].frames.astype(np.int16))
                 rows.append({"deterministic": mode, "layout": name, "world_size": layout.world_size,
                              "start_s": round(start_s, 2), "preview_ms": round(generation.stage_ms["preview"], 1),
                              "gate_ms_per_step": summary["gate_ms"], "median_ms": summary["median_ms"],
-                             "frames_sha256": media.frames_sha256(generation.frames),
-                             "pcm_sha256": media.pcm_sha256(generation.audio),
-                             f"identical_to_{args.layouts[0]}": bool(
-                                 media.frames_sha256(generation.frames) == media.frames_sha256(reference.frames)
-                                 and media.pcm_sha256(generation.audio) == media.pcm_sha256(reference.audio)),
+                             "frames_sha256": hashes[0], "pcm_sha256": hashes[1],
+                             f"identical_to_{args.layouts[0]}": hashes == reference[1],
                              "frame_bytes_differing": float((frames > 0).mean()),
                              "frame_max_levels": int(frames.max()),
-                             "audio_max_abs": float(np.abs(generation.audio - reference.audio).max()),
-                             "audio_peak": float(np.abs(reference.audio).max())})
+                             "audio_max_abs": float(np.abs(generation.audio - reference[0].audio).max()),
+                             "audio_peak": float(np.abs(reference[0].audio).max())})
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         engine.close()
@@ -72,7 +70,8 @@ def main() -> None:
         "what": "embedded engine (tiny config, generated weights) per-layout step times on CPU over gloo: "
                 "communication-bound toy figures, not GPU predictions",
         "metric": "per step the slowest rank; steps 0 and 1 dropped; mean of the rest",
-        "steps": args.steps, "cpu_capability": determinism.cpu_capability(), "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
+        "steps": args.steps, "cpu_capability": determinism.cpu_capability(), "cpu_count": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
         "machine": platform.platform(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "layouts": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
