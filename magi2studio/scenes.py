@@ -138,10 +138,10 @@ _PATH_WORDS = {
                      "slides back and forth between the walls"),
 }
 _TEMPLATES = (
-    "a {colour} {shape} {path} on a {background} background; a {pitch} beep each time it bounces",
-    "A {colour} {shape} {path} over a {background} backdrop, {pitch} beeps on every bounce",
-    "on a {background} background a {colour} {shape} {path} with a {pitch}-pitched beep at each bounce",
-    "{background} background. A {colour} {shape} {path}; every bounce makes a {pitch} beep",
+    "{a} {colour} {shape} {path} on a {background} background; a {pitch} beep each time it bounces",
+    "{a} {colour} {shape} {path} over a {background} backdrop, {pitch} beeps on every bounce",
+    "on a {background} background {a} {colour} {shape} {path} with a {pitch}-pitched beep at each bounce",
+    "{background} background. {A} {colour} {shape} {path}; every bounce makes a {pitch} beep",
 )
 
 
@@ -152,8 +152,9 @@ def caption_for(facts: Facts, phrasing: int = 0) -> str:
         raise ValueError(f"a scene caption needs complete facts, got {facts}")
     template = _TEMPLATES[phrasing % len(_TEMPLATES)]
     path = _PATH_WORDS[facts.motion][(phrasing // len(_TEMPLATES)) % len(_PATH_WORDS[facts.motion])]
-    text = template.format(colour=facts.colour, shape=facts.shape, path=path, background=facts.background,
-                           pitch=facts.pitch)
+    article = "an" if facts.colour[0] in "aeiou" else "a"
+    text = template.format(a=article, A=article.capitalize(), colour=facts.colour, shape=facts.shape, path=path,
+                           background=facts.background, pitch=facts.pitch)
     return text[0].upper() + text[1:] if phrasing % 2 else text
 
 
@@ -249,8 +250,9 @@ def parse_caption(caption: str) -> Facts:
 
     motion = next((name for name, pattern in _MOTION_PATTERNS if re.search(pattern, text_wo_bg)), None)
     sound = re.search(r"\b" + _SOUND + r"\b", text_wo_bg) is not None or re.search(r"\bbeep", text_wo_bg) is not None
-    pitches = {name for name, pattern in _PITCH_PATTERNS if re.search(pattern + r"(?:\s+\w+){0,2}?\s*" + _SOUND,
-                                                                      text_wo_bg)}
+    pitches = {name for name, pattern in _PITCH_PATTERNS  # "a high(-pitched) beep", "beeping low"
+               if re.search(pattern + r"(?:\s+\w+){0,2}?\s*" + _SOUND, text_wo_bg)
+               or re.search(r"\b(?:beep\w*|" + _SOUND + r")\s+" + pattern, text_wo_bg)}
     if len(pitches) > 1:
         raise InputError("pitch", "the caption names both a high and a low sound", "give the beeps one pitch")
     beeps = sound and re.search(r"\bbounc", text_wo_bg) is not None
