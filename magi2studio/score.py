@@ -5,7 +5,7 @@ each gives one verdict against the caption's facts (:func:`magi2studio.scenes.pa
 the background, the moving object's colour and shape, its path (the centroid track), the
 beeps' pitch (the spectral peak) and their timing against the bounces seen in the video
 (within ``BEEP_TOLERANCE_FRAMES``), and for I2VA the first frame against the given image (PSNR
-against the image scaled to the clip as upstream scales it). A fact the caption does not
+against the image scaled to the clip's size). A fact the caption does not
 state is reported and not judged. Hashes prove sameness; these verdicts say what a clip shows.
 """
 
@@ -226,7 +226,7 @@ def analyse_audio(audio: np.ndarray, sample_rate: int) -> AudioObservation:
     return AudioObservation(tuple(onsets), peak_hz, "low" if peak_hz < boundary else "high")
 
 
-def match_beeps(bounces: tuple[int, ...], onsets_frames: list[float]) -> tuple[list[float], int]:
+def match_beeps(bounces: tuple[int, ...], onsets_frames: list[int]) -> tuple[list[int], int]:
     """Pair each bounce with the nearest free beep within the tolerance (closest pairs first).
 
     Returns the signed offsets (beep minus bounce, frames) of the paired bounces and the
@@ -245,24 +245,39 @@ def match_beeps(bounces: tuple[int, ...], onsets_frames: list[float]) -> tuple[l
 
 # -- I2VA -------------------------------------------------------------------------------------
 def first_frame_psnr(frame: np.ndarray, image_path: str | Path) -> float:
-    """PSNR (dB) of the first frame against the image resized and padded to the frame, as
-    upstream's pipeline prepares an I2VA reference."""
+    """PSNR (dB) of the first frame against the input image scaled (Lanczos) to the frame's size."""
 
     from PIL import Image
-    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _resizepad
 
     with Image.open(image_path) as image:
-        reference = np.asarray(_resizepad(image, frame.shape[0], frame.shape[1]), dtype=np.float64)
-    mse = float(np.mean((frame.astype(np.float64) - reference) ** 2))
+        scaled = image.convert("RGB").resize((frame.shape[1], frame.shape[0]), resample=Image.Resampling.LANCZOS)
+    mse = float(np.mean((frame.astype(np.float64) - np.asarray(scaled, dtype=np.float64)) ** 2))
     return math.inf if mse == 0 else 10.0 * math.log10(255.0 ** 2 / mse)
 
 
 # -- the verdicts -----------------------------------------------------------------------------
-def score_clip(facts: Facts, frames: np.ndarray, audio: np.ndarray, fps: float, sample_rate: int, *,
-               reference_image: str | Path | None = None, caption: str = "") -> Score:
-    """Every verdict for one clip (uint8 [F,H,W,3], float [S,C]) against parsed facts."""
+@dataclass(frozen=True)
+class Observation:
+    """What the detectors saw and heard in one clip, before any caption is consulted."""
 
-    video = analyse_video(frames)
+    video: VideoObservation
+    audio: AudioObservation
+    fps: float
+    first_frame_psnr: float | None = None  # I2VA only
+
+
+def observe(frames: np.ndarray, audio: np.ndarray, fps: float, sample_rate: int, *,
+            reference_image: str | Path | None = None) -> Observation:
+    """Run every detector over one clip (uint8 [F,H,W,3], float [S,C])."""
+
+    psnr = None if reference_image is None else first_frame_psnr(frames[0], reference_image)
+    return Observation(analyse_video(frames), analyse_audio(audio, sample_rate), fps, psnr)
+
+
+def judge(facts: Facts, seen: Observation, caption: str = "") -> Score:
+    """The per-attribute verdicts of an observation against a caption's facts."""
+
+    video, heard = seen.video, seen.audio
     verdicts = [Verdict("background", facts.background, f"{video.background} {video.background_rgb}",
                         None if facts.background is None else video.background == facts.background)]
     if video.colour is None:
@@ -276,23 +291,29 @@ def score_clip(facts: Facts, frames: np.ndarray, audio: np.ndarray, fps: float, 
             Verdict("motion", facts.motion, video.motion,
                     None if facts.motion is None else video.motion == facts.motion, video.motion_detail),
         ]
-    heard = analyse_audio(audio, sample_rate)
     verdicts.append(Verdict("pitch", facts.pitch, heard.pitch, None if facts.pitch is None else heard.pitch == facts.pitch,
                             f"spectral peak {heard.peak_hz:.0f} Hz", heard.peak_hz))
-    onsets = [t * fps for t in heard.onsets]
-    offsets, extra = match_beeps(video.bounce_frames, onsets)
+    beep_frames = [int(round(t * seen.fps)) for t in heard.onsets]
+    offsets, extra = match_beeps(video.bounce_frames, beep_frames)
     bounces = len(video.bounce_frames)
     within = len(offsets) / bounces if bounces else 0.0
     observed = f"{len(offsets)}/{bounces} bounces with a beep within ±{BEEP_TOLERANCE_FRAMES} frames, {extra} extra"
-    detail = (f"bounce frames {list(video.bounce_frames)}, beep frames {[round(float(o), 1) for o in onsets]}"
-              if len(onsets) <= 20 else f"{len(onsets)} beeps heard")
+    detail = (f"bounce frames {list(video.bounce_frames)}, beep frames {beep_frames}"
+              if len(beep_frames) <= 20 else f"{len(beep_frames)} beeps heard")
     verdicts.append(Verdict("beeps", "at each bounce" if facts.beeps else None, observed,
                             (bounces > 0 and within == 1.0 and extra == 0) if facts.beeps else None, detail, within))
-    if reference_image is not None:
-        psnr = first_frame_psnr(frames[0], reference_image)
+    if seen.first_frame_psnr is not None:
+        psnr = seen.first_frame_psnr
         verdicts.append(Verdict("first_frame", f">= {FIRST_FRAME_MIN_PSNR_DB:.0f} dB PSNR against the image",
                                 f"{psnr:.1f} dB", psnr >= FIRST_FRAME_MIN_PSNR_DB, value=psnr))
     return Score(caption, facts, tuple(verdicts))
+
+
+def score_clip(facts: Facts, frames: np.ndarray, audio: np.ndarray, fps: float, sample_rate: int, *,
+               reference_image: str | Path | None = None, caption: str = "") -> Score:
+    """Every verdict for one clip against parsed facts."""
+
+    return judge(facts, observe(frames, audio, fps, sample_rate, reference_image=reference_image), caption)
 
 
 def score_run(path: str | Path) -> Score:
