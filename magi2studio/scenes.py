@@ -199,6 +199,20 @@ def _words(pattern_words) -> str:
     return r"\b(?:" + "|".join(sorted(map(re.escape, pattern_words), key=len, reverse=True)) + r")\b"
 
 
+def _the_one(field: str, text: str, known: dict[str, str], unknown: tuple[str, ...], what: str, fix: str) -> str:
+    """The one value of ``known`` the text names; else an InputError saying what it named instead."""
+
+    found = {known[w] for w in re.findall(_words(known), text)}
+    if not found:
+        other = re.findall(_words(unknown), text)
+        said = f" ({other[0]!r} is not one)" if other else ""
+        raise InputError(field, f"the caption names no {what} this check knows{said}", fix)
+    if len(found) > 1:
+        raise InputError(field, f"the caption names more than one {field} ({', '.join(sorted(found))})",
+                         f"give the one moving object one {field}")
+    return found.pop()
+
+
 def parse_caption(caption: str) -> Facts:
     """Read the scene facts out of a caption. Raises InputError naming the fact it cannot read.
 
@@ -229,25 +243,10 @@ def parse_caption(caption: str) -> Facts:
         background = found
         text_wo_bg = text_wo_bg.replace(match.group(0), " ; ")
 
-    shapes = {_SHAPE_WORDS[w] for w in re.findall(_words(_SHAPE_WORDS), text_wo_bg)}
-    if not shapes:
-        other = re.findall(_words(_UNKNOWN_SHAPES), text_wo_bg)
-        said = f" ({other[0]!r} is not one)" if other else ""
-        raise InputError("shape", f"the caption names no shape this check knows{said}",
-                         f"make the moving object a {', '.join(SHAPES[:-1])} or {SHAPES[-1]}, {_EXAMPLE}")
-    if len(shapes) > 1:
-        raise InputError("shape", f"the caption names more than one shape ({', '.join(sorted(shapes))})",
-                         "describe one moving object")
-    colours = {_COLOUR_WORDS[w] for w in re.findall(_words(_COLOUR_WORDS), text_wo_bg)}
-    if not colours:
-        other = re.findall(_words([*_UNKNOWN_COLOURS, "white", "black", "grey", "gray"]), text_wo_bg)
-        said = f" ({other[0]!r} is not one of the object colours)" if other else ""
-        raise InputError("colour", f"the caption names no colour of the moving object this check knows{said}",
-                         f"use one of {', '.join(COLOURS)}, {_EXAMPLE}")
-    if len(colours) > 1:
-        raise InputError("colour", f"the caption names more than one colour ({', '.join(sorted(colours))})",
-                         "give the moving object one colour")
-
+    shape = _the_one("shape", text_wo_bg, _SHAPE_WORDS, _UNKNOWN_SHAPES, "shape",
+                     f"make the moving object a {', '.join(SHAPES[:-1])} or {SHAPES[-1]}, {_EXAMPLE}")
+    colour = _the_one("colour", text_wo_bg, _COLOUR_WORDS, (*_UNKNOWN_COLOURS, "white", "black", "grey", "gray"),
+                      "colour of the moving object", f"use one of {', '.join(COLOURS)}, {_EXAMPLE}")
     motion = next((name for name, pattern in _MOTION_PATTERNS if re.search(pattern, text_wo_bg)), None)
     sound = re.search(r"\b" + _SOUND + r"\b", text_wo_bg) is not None or re.search(r"\bbeep", text_wo_bg) is not None
     pitches = {name for name, pattern in _PITCH_PATTERNS  # "a high(-pitched) beep", "beeping low"
@@ -256,7 +255,7 @@ def parse_caption(caption: str) -> Facts:
     if len(pitches) > 1:
         raise InputError("pitch", "the caption names both a high and a low sound", "give the beeps one pitch")
     beeps = sound and re.search(r"\bbounc", text_wo_bg) is not None
-    return Facts(shape=shapes.pop(), colour=colours.pop(), motion=motion, background=background,
+    return Facts(shape=shape, colour=colour, motion=motion, background=background,
                  pitch=pitches.pop() if pitches else None, beeps=bool(beeps))
 
 
@@ -358,6 +357,19 @@ def _seed_for(facts: Facts, tier: Tier, seed: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(int.from_bytes(hashlib.sha256(material).digest()[:8], "little")))
 
 
+def _across(u: np.ndarray, length: int, margin: float, reverse: bool) -> np.ndarray:
+    """Steady travel from one margin to the other over the clip (``u`` runs 0 to 1)."""
+
+    start, end = (length - margin, margin) if reverse else (margin, length - margin)
+    return start + (end - start) * u
+
+
+def _resting(times: np.ndarray, length: int, rng: np.random.Generator) -> np.ndarray:
+    """A fixed coordinate near the middle."""
+
+    return np.full_like(times, length / 2 + float(rng.uniform(-0.15, 0.15)) * length)
+
+
 def make_scene(facts: Facts, tier: str | Tier = "272p", seed: int = 0, phrasing: int | None = None) -> Scene:
     """The scene for complete ``facts`` at ``tier``; ``seed`` draws size, speed and start."""
 
@@ -378,13 +390,8 @@ def make_scene(facts: Facts, tier: str | Tier = "272p", seed: int = 0, phrasing:
         lift = float(rng.uniform(0.6, 0.9)) * (height - 2 * margin)
         floor = height - margin
         y = floor - lift * np.abs(np.cos(np.pi * times / period))
-        if facts.motion == "up_and_down":
-            x = np.full_like(times, width / 2 + float(rng.uniform(-0.15, 0.15)) * width)
-        else:
-            start, end = margin, width - margin
-            if facts.motion == "right_to_left":
-                start, end = end, start
-            x = start + (end - start) * u
+        x = (_resting(times, width, rng) if facts.motion == "up_and_down"
+             else _across(u, width, margin, reverse=facts.motion == "right_to_left"))
     else:  # the side walls: n round trips from the centre, a bounce at each wall
         trips = int(rng.integers(2, 4))
         period = seconds / trips
@@ -393,13 +400,8 @@ def make_scene(facts: Facts, tier: str | Tier = "272p", seed: int = 0, phrasing:
         phase = np.mod(times / period - 0.25, 1.0)
         triangle = 4.0 * np.abs(phase - 0.5) - 1.0  # 0 at the start, +-1 at the walls
         x = width / 2 + first * (width / 2 - margin) * triangle
-        if facts.motion == "side_to_side":
-            y = np.full_like(times, height / 2 + float(rng.uniform(-0.15, 0.15)) * height)
-        else:
-            start, end = margin, height - margin
-            if facts.motion == "bottom_to_top":
-                start, end = end, start
-            y = start + (end - start) * u
+        y = (_resting(times, height, rng) if facts.motion == "side_to_side"
+             else _across(u, height, margin, reverse=facts.motion == "bottom_to_top"))
     centres = np.round(np.stack([x, y], axis=1) * _POSITION_QUANTUM) / _POSITION_QUANTUM
     if phrasing is None:
         phrasing = int(rng.integers(0, PHRASINGS))

@@ -121,7 +121,7 @@ def test_parser_reads_plain_english_phrasings(caption, facts):
     ("a clay figure waves at the camera", "shape", "names no shape"),
     ("a pink star twinkles", "shape", "'star' is not one"),
     ("a circle moves left to right", "colour", "names no colour"),
-    ("a white circle on a black background", "colour", "'white' is not one of the object colours"),
+    ("a white circle on a black background", "colour", "no colour of the moving object this check knows ('white'"),
     ("a brown square slides right", "colour", "'brown'"),
     ("a red circle on a blue background", "background", "'blue' background"),
     ("a red circle chases a green square", "shape", "more than one shape"),
