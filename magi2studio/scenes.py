@@ -235,7 +235,7 @@ def parse_caption(caption: str) -> Facts:
         word = named[-1]
         if word not in _BACKGROUND_WORDS:
             raise InputError("background", f"the caption's {word!r} background is not one the scenes use",
-                             f"use a {', '.join(BACKGROUNDS)} background")
+                             f"use a {', '.join(list(BACKGROUNDS)[:-1])} or {list(BACKGROUNDS)[-1]} background")
         found = _BACKGROUND_WORDS[word]
         if background not in (None, found):
             raise InputError("background", f"the caption names two backgrounds ({background} and {found})",

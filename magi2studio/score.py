@@ -45,7 +45,7 @@ class Verdict:
 
     def line(self) -> str:
         word = {True: "match", False: "MISMATCH", None: "not stated"}[self.match]
-        said = f"caption {self.expected}, " if self.expected is not None else ""
+        said = f"expected {self.expected}, " if self.expected is not None else ""
         extra = f" ({self.detail})" if self.detail else ""
         return f"{self.attribute}: {word} — {said}observed {self.observed}{extra}"
 

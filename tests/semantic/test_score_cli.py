@@ -35,7 +35,7 @@ def test_exit_0_when_all_match_and_1_when_one_does_not(scene, tmp_path, capsys):
                             caption=scene.caption.replace("green", "red").replace("high", "low"))
     code, out, _ = _score(capsys, wrong)
     assert code == 1
-    assert "colour: MISMATCH — caption red, observed green" in out and "pitch: MISMATCH" in out
+    assert "colour: MISMATCH — expected red, observed green" in out and "pitch: MISMATCH" in out
     code, out, _ = _score(capsys, wrong, "--json")
     report = json.loads(out)
     assert code == 1 and report["all_match"] is False
