@@ -10,7 +10,7 @@ import sys
 from .errors import Cancelled, EngineError, InputError
 
 # Each module in magi2studio.commands exposes register(subparsers) and sets args.func.
-COMMANDS = ("generate", "replay", "env", "doctor", "weights", "reproduce", "ab", "studio")
+COMMANDS = ("generate", "replay", "env", "doctor", "weights", "reproduce", "ab", "studio", "score")
 
 
 def build_parser() -> argparse.ArgumentParser:
