@@ -85,7 +85,8 @@ def build(ctx: StudioContext) -> None:
             set_path = BUNDLED_ALIAS if source_value == BUNDLED_CHOICE else stage_upload(files, ctx.scratch)
             defaults = {"tier": tier_value, **({"steps": int(steps_value)} if steps_value else {})}
             sample_set = load_sample_set(set_path, seed=int(seed_value if seed_value is not None else 42),
-                                         seed_policy=policy_value, defaults=defaults, skip_missing=skip_value)
+                                         seed_policy=policy_value, defaults=defaults, skip_missing=skip_value,
+                                         root=None if set_path == BUNDLED_ALIAS else set_path.parent.parent)
             chosen_layout = parse_layout(layout_value)
             for sample in sample_set.samples:
                 ctx.engine.check_layout(chosen_layout, get_tier(sample.request.tier))
