@@ -23,3 +23,31 @@ class EngineError(RuntimeError):
 
 class Cancelled(RuntimeError):
     """The user stopped the run at a step boundary."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like KeyboardInterrupt, so temp folders are removed on the way out."""
+
+
+_OS_FIXES = {
+    "ENOSPC": "free space on that disk, or write elsewhere (--out)",
+    "EDQUOT": "free space within your quota, or write elsewhere (--out)",
+    "EFBIG": "raise the file-size limit (ulimit -f) or write to a filesystem that takes large files (--out)",
+    "EACCES": "make it writable for this user, or choose another folder (--out)",
+    "EPERM": "make it writable for this user, or choose another folder (--out)",
+    "EROFS": "the filesystem is read-only: choose another folder (--out)",
+    "EMFILE": "raise the open-file limit (ulimit -n), then run again",
+    "ENOMEM": "free memory, then run again",
+}
+
+
+def describe_os_error(err: OSError) -> str:
+    """``<what>: <why>. Fix: <fix>`` for an operating-system refusal (disk full, permission, too large)."""
+
+    import errno as errno_names
+
+    name = errno_names.errorcode.get(err.errno or 0, "")
+    what = err.filename if err.filename is not None else "a file operation"
+    why = err.strerror or str(err) or type(err).__name__
+    fix = _OS_FIXES.get(name, "check the path, the disk and its permissions, then run again")
+    return f"{what}: {why}{f' ({name})' if name else ''}. Fix: {fix}"

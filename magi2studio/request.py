@@ -69,9 +69,9 @@ class Request(BaseModel):
 
         try:
             data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
+        except (yaml.YAMLError, RecursionError) as err:
             raise InputError(source, f"not valid YAML ({err.__class__.__name__})", "fix the YAML syntax") from None
-        if not isinstance(data, dict):
+        if not isinstance(data, dict) or not all(isinstance(key, str) for key in data):
             raise InputError(source, "must be a mapping of request fields", "write key: value lines")
         if "prompt" not in data and data.get("prompt_file"):
             if root is None:
