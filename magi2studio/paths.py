@@ -35,6 +35,15 @@ def contained(written: str, root: Path, field: str, *, base: Path | None = None)
     return resolved
 
 
+def inside(path: str | Path, root: Path, field: str, fix: str) -> Path:
+    """``path`` resolved; refuse it unless it lies inside ``root`` (for absolute paths a client sends)."""
+
+    resolved = Path(path).resolve()
+    if not resolved.is_relative_to(Path(root).resolve()):
+        raise InputError(field, f"{path} is not inside {root}", fix)
+    return resolved
+
+
 def regular_file(path: str | Path, field: str, what: str) -> os.stat_result:
     """Stat ``path`` and refuse anything but a readable regular file, naming the reason."""
 
@@ -59,12 +68,12 @@ def regular_file(path: str | Path, field: str, what: str) -> os.stat_result:
     return info
 
 
-def read_text(path: str | Path, field: str, what: str, max_bytes: int) -> str:
+def read_text(path: str | Path, field: str, what: str, max_bytes: int, *, noun: str = "file") -> str:
     """A regular UTF-8 file of at most ``max_bytes``, read whole; every failure an InputError."""
 
     info = regular_file(path, field, what)
     if info.st_size > max_bytes:
-        raise InputError(field, f"{path} is {info.st_size} bytes", f"use a file under {max_bytes // 1024} KiB")
+        raise InputError(field, f"{path} is {info.st_size} bytes", f"use a {noun} under {max_bytes // 1024} KiB")
     try:
         with open(path, "rb") as file:
             data = file.read(max_bytes + 1)
@@ -72,7 +81,7 @@ def read_text(path: str | Path, field: str, what: str, max_bytes: int) -> str:
         reason = "permission denied" if err.errno in (errno.EACCES, errno.EPERM) else (err.strerror or str(err))
         raise InputError(field, f"{path} cannot be read ({reason})", f"give the path of {what}") from None
     if len(data) > max_bytes:
-        raise InputError(field, f"{path} is over {max_bytes} bytes", f"use a file under {max_bytes // 1024} KiB")
+        raise InputError(field, f"{path} is over {max_bytes} bytes", f"use a {noun} under {max_bytes // 1024} KiB")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

@@ -165,7 +165,8 @@ def output_size(request: Request) -> tuple[int, int]:
 def read_prompt_file(path: str | Path) -> str:
     """Read a prompt file as Sand AI's entry script does: UTF-8, stripped, passed through."""
 
-    text = read_text(path, "prompt_file", "a text or JSON prompt file", MAX_PROMPT_FILE_BYTES)
+    text = read_text(path, "prompt_file", "a text or JSON prompt file", MAX_PROMPT_FILE_BYTES,
+                     noun="prompt file")
     text = text.strip()
     if not text:
         raise InputError("prompt_file", f"{path} is empty", "put the prompt text in the file")

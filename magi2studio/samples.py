@@ -198,7 +198,7 @@ def load_sample_set(path: str | Path, *, seed: int = 42, seed_policy: str = "fix
     entries = load_set_json(set_file)
     if len(entries) > CONFIRM_ENTRIES and not confirm_large:
         raise InputError("samples", f"{set_file} has {len(entries)} entries (more than {CONFIRM_ENTRIES})",
-                         "pass --yes to run them all (in the studio: tick 'run a large set'), or split the set")
+                         "pass --yes to run them all, or split the set")
     result = SampleSet(set_file.resolve(), set_root(set_file, root), seed, seed_policy)
     for index, entry in enumerate(entries):
         try:

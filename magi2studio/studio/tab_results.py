@@ -30,7 +30,7 @@ class ResultsView:
     manifest: gr.JSON
     download: gr.File
     run_path: gr.State
-    scratch: Path
+    studio: StudioContext
 
     @property
     def components(self) -> list[Any]:
@@ -38,13 +38,18 @@ class ResultsView:
         return [self.video, self.wav, self.manifest, self.download, self.plot, self.summary, self.headline,
                 self.run_path]
 
+    def _zip(self, run: RunFolder) -> Path:
+        path = R.zip_run(run, self.studio.scratch)
+        self.studio.trim_scratch(keep=path)
+        return path
+
     def values_for(self, run: RunFolder) -> dict[Any, Any]:
         return {
             self.headline: R.headline(run),
             self.video: str(run.video),
             self.wav: str(run.wav),
             self.manifest: run.manifest,
-            self.download: str(R.zip_run(run, self.scratch)),
+            self.download: str(self._zip(run)),
             self.plot: R.load_timing(run),
             self.summary: R.summary_frame(run.manifest),
             self.run_path: str(run.path),
@@ -75,7 +80,7 @@ def build(ctx: StudioContext) -> None:
             manifest = gr.JSON(label="manifest", elem_id="manifest")
         run_path = gr.State(None)
 
-    ctx.results = ResultsView(headline, video, wav, plot, summary, manifest, download, run_path, ctx.scratch)
+    ctx.results = ResultsView(headline, video, wav, plot, summary, manifest, download, run_path, ctx)
 
     def use_settings(path: str | None):
         if not path:
