@@ -121,9 +121,13 @@ def attempt_sample_set(data, folder: Path) -> str:
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
+    """(exit status, stderr); an exception escaping main() is a traceback the user would see."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(argv)
+        try:
+            code = main(argv)
+        except Exception as escaped:  # noqa: BLE001 - recorded as the traceback it would print
+            return 1, f"Traceback (most recent call last):\n{type(escaped).__name__}: {escaped}"
     return code, err.getvalue()
 
 
