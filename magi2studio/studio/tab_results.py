@@ -10,7 +10,8 @@ from typing import Any
 
 import gradio as gr
 
-from ..runs import RunFolder, load_run
+from ..errors import InputError
+from ..runs import RunFolder, load_run, manifest_request
 from . import results as R
 from .context import StudioContext
 from .form import FIELDS
@@ -85,7 +86,12 @@ def build(ctx: StudioContext) -> None:
     def use_settings(path: str | None):
         if not path:
             raise gr.Error("no run is shown: generate one, or pick one in History", print_exception=False)
-        values = ctx.form.values_from_manifest(load_run(Path(path)).manifest)
+        try:
+            manifest = load_run(Path(path)).manifest
+            manifest_request(manifest)  # every field the form is refilled with, checked by the request's rules
+        except InputError as err:
+            raise gr.Error(str(err), print_exception=False) from None
+        values = ctx.form.values_from_manifest(manifest)
         return values
 
     ctx.defer(lambda: reuse.click(use_settings, run_path, [ctx.form.fields[n] for n in FIELDS],
