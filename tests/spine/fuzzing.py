@@ -126,7 +126,7 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             code = main(argv)
-        except Exception as escaped:  # noqa: BLE001 - recorded as the traceback it would print
+        except (Exception, SystemExit) as escaped:  # noqa: BLE001 - recorded as what the user would see
             return 1, f"Traceback (most recent call last):\n{type(escaped).__name__}: {escaped}"
     return code, err.getvalue()
 
