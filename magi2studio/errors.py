@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other unprintable characters escaped (a user's path may hold them)."""
+
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 class InputError(ValueError):
     """A request, layout or file the user gave is unusable.
 
@@ -11,9 +20,10 @@ class InputError(ValueError):
     """
 
     def __init__(self, field: str, problem: str, fix: str) -> None:
-        self.field = field
-        self.problem = problem
-        self.fix = fix
+        self.field = one_line(field)
+        self.problem = one_line(problem)
+        self.fix = one_line(fix)
+        field, problem, fix = self.field, self.problem, self.fix
         super().__init__(f"{field}: {problem}. Fix: {fix}")
 
 
@@ -23,3 +33,31 @@ class EngineError(RuntimeError):
 
 class Cancelled(RuntimeError):
     """The user stopped the run at a step boundary."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like KeyboardInterrupt, so temp folders are removed on the way out."""
+
+
+_OS_FIXES = {
+    "ENOSPC": "free space on that disk, or write elsewhere (--out)",
+    "EDQUOT": "free space within your quota, or write elsewhere (--out)",
+    "EFBIG": "raise the file-size limit (ulimit -f) or write to a filesystem that takes large files (--out)",
+    "EACCES": "make it writable for this user, or choose another folder (--out)",
+    "EPERM": "make it writable for this user, or choose another folder (--out)",
+    "EROFS": "the filesystem is read-only: choose another folder (--out)",
+    "EMFILE": "raise the open-file limit (ulimit -n), then run again",
+    "ENOMEM": "free memory, then run again",
+}
+
+
+def describe_os_error(err: OSError) -> str:
+    """``<what>: <why>. Fix: <fix>`` for an operating-system refusal (disk full, permission, too large)."""
+
+    import errno as errno_names
+
+    name = errno_names.errorcode.get(err.errno or 0, "")
+    what = one_line(err.filename) if err.filename is not None else "a file operation"
+    why = err.strerror or str(err) or type(err).__name__
+    fix = _OS_FIXES.get(name, "check the path, the disk and its permissions, then run again")
+    return f"{what}: {why}{f' ({name})' if name else ''}. Fix: {fix}"

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .errors import InputError
+from .paths import contained, read_text, regular_file
 from .tiers import TIERS, get_tier
 
 MAX_PROMPT_FILE_BYTES = 256 * 1024  # Sand AI's published prompts are 9-11 k characters
@@ -24,6 +25,7 @@ MAX_SEED = 2**63 - 1
 IMAGE_MIN_SIDE = 16
 IMAGE_MAX_SIDE = 8192
 IMAGE_MAX_ASPECT = 8.0
+MAX_IMAGE_BYTES = 32 * 1024 * 1024  # an 8192x8192 PNG of a photo is about 100 MB; first frames are small
 
 CompileMode = Literal["static", "dynamic", "eager"]
 
@@ -62,15 +64,21 @@ class Request(BaseModel):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)
 
     @classmethod
-    def from_yaml(cls, text: str, *, source: str = "request") -> Request:
+    def from_yaml(cls, text: str, *, source: str = "request", root: Path | None = None) -> Request:
+        """A request from YAML; a ``prompt_file`` in it is read from inside ``root`` (the YAML's folder)."""
+
         try:
             data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
+        except (yaml.YAMLError, RecursionError) as err:
             raise InputError(source, f"not valid YAML ({err.__class__.__name__})", "fix the YAML syntax") from None
-        if not isinstance(data, dict):
+        if not isinstance(data, dict) or not all(isinstance(key, str) for key in data):
             raise InputError(source, "must be a mapping of request fields", "write key: value lines")
         if "prompt" not in data and data.get("prompt_file"):
-            data = {**data, "prompt": read_prompt_file(data["prompt_file"])}
+            if root is None:
+                raise InputError("prompt_file", "a prompt file named inside a request needs the request's folder",
+                                 "put the prompt text in the request's prompt field")
+            file = contained(data["prompt_file"], root, "prompt_file")
+            data = {**data, "prompt": read_prompt_file(file), "prompt_file": str(file)}
         return build_request(**data)
 
 
@@ -109,8 +117,12 @@ def build_request(**fields: Any) -> Request:
 def validate_request(request: Request) -> Request:
     if not request.prompt.strip():
         raise InputError("prompt", "is empty", "give a prompt or a prompt file with text in it")
-    if len(request.prompt) > MAX_PROMPT_CHARS:
-        raise InputError("prompt", f"is {len(request.prompt)} characters", f"keep it under {MAX_PROMPT_CHARS}")
+    for name in ("prompt", "negative_prompt"):
+        text = getattr(request, name)
+        if text is not None and len(text) > MAX_PROMPT_CHARS:
+            raise InputError(name, f"is {len(text)} characters", f"keep it under {MAX_PROMPT_CHARS}")
+        if text is not None and "\x00" in text:
+            raise InputError(name, "holds a NUL character", "remove it (prompts are plain text)")
     get_tier(request.tier)
     if request.tier not in TIERS:
         raise InputError("tier", f"write the tier in lower case ({request.tier.lower()})", "e.g. 272p")
@@ -153,18 +165,8 @@ def output_size(request: Request) -> tuple[int, int]:
 def read_prompt_file(path: str | Path) -> str:
     """Read a prompt file as Sand AI's entry script does: UTF-8, stripped, passed through."""
 
-    file = Path(path)
-    if not file.is_file():
-        raise InputError("prompt_file", f"{path} does not exist", "give the path of a text or JSON prompt file")
-    size = file.stat().st_size
-    if size > MAX_PROMPT_FILE_BYTES:
-        raise InputError(
-            "prompt_file", f"{path} is {size} bytes", f"use a prompt file under {MAX_PROMPT_FILE_BYTES // 1024} KiB"
-        )
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise InputError("prompt_file", f"{path} is not UTF-8 text", "save the prompt file as UTF-8") from None
+    text = read_text(path, "prompt_file", "a text or JSON prompt file", MAX_PROMPT_FILE_BYTES,
+                     noun="prompt file")
     text = text.strip()
     if not text:
         raise InputError("prompt_file", f"{path} is empty", "put the prompt text in the file")
@@ -177,8 +179,9 @@ def check_image(path: str | Path) -> tuple[int, int]:
     from PIL import Image, UnidentifiedImageError
 
     file = Path(path)
-    if not file.is_file():
-        raise InputError("image", f"{path} does not exist", "give the path of a JPEG or PNG first frame")
+    info = regular_file(file, "image", "a JPEG or PNG first frame")
+    if info.st_size > MAX_IMAGE_BYTES:
+        raise InputError("image", f"{path} is {info.st_size} bytes", f"use an image under {MAX_IMAGE_BYTES >> 20} MiB")
     try:
         with Image.open(file) as image:
             width, height = image.size

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -20,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from . import determinism, media, provenance
+from .engines import ENGINE_NAMES
 from .engines.base import Engine, Generation, Progress, ProgressCallback
 from .errors import InputError
-from .layouts import Layout
-from .request import Request
+from .layouts import Layout, parse_layout
+from .paths import read_text
+from .request import Request, build_request
 from .tiers import get_tier
 from .timing import gate_summary
 
@@ -76,11 +79,88 @@ def is_complete(path: Path) -> bool:
     return path.is_dir() and all((path / name).is_file() for name in RUN_FILES)
 
 
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+HASHED_FILES = ("request.yaml", "steps.jsonl", "video.mp4", "audio.wav", "poster.jpg")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A run folder's manifest.json, parsed and its shape checked; every flaw one InputError line."""
+
+    file = Path(path) / "manifest.json"
+    text = read_text(file, "manifest", "the manifest.json of a run folder", MAX_MANIFEST_BYTES)
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError("manifest", f"{file} is not valid JSON (line {err.lineno}: {err.msg}); it is truncated "
+                         "or was edited", "use an intact run folder (re-run it with generate)") from None
+    except RecursionError:
+        raise InputError("manifest", f"{file} nests too deeply", "use a manifest written by magi2studio") from None
+    if not isinstance(manifest, dict):
+        raise InputError("manifest", f"{file} holds a JSON {type(manifest).__name__}, not an object",
+                         "use a manifest written by magi2studio")
+    shapes = {"request": dict, "resolved": dict, "layout": dict, "engine": dict, "hashes": dict, "files": dict}
+    for key, kind in shapes.items():
+        if not isinstance(manifest.get(key), kind):
+            problem = "is missing" if key not in manifest else f"is a JSON {type(manifest[key]).__name__}, not an object"
+            raise InputError(f"manifest.{key}", problem, "use a manifest written by magi2studio")
+    if manifest.get("manifest_version") != MANIFEST_VERSION:
+        raise InputError("manifest.manifest_version", f"is {manifest.get('manifest_version')!r}",
+                         f"use a manifest of version {MANIFEST_VERSION} (written by this magi2studio)")
+    for key in ("frames_sha256", "pcm_sha256"):
+        if not isinstance(manifest["hashes"].get(key), str) or not _SHA256.fullmatch(manifest["hashes"][key]):
+            raise InputError(f"manifest.hashes.{key}", "is not a sha256", "use a manifest written by magi2studio")
+    for key in ("layout", "engine"):
+        if not isinstance(manifest[key].get("name"), str):
+            raise InputError(f"manifest.{key}.name", "is missing", "use a manifest written by magi2studio")
+    return manifest
+
+
 def load_run(path: Path) -> RunFolder:
     path = Path(path)
     if not is_complete(path):
         raise InputError("run", f"{path} is not a complete run folder", "give a folder written by magi2studio")
-    return RunFolder(path, json.loads((path / "manifest.json").read_text(encoding="utf-8")))
+    return RunFolder(path, read_manifest(path))
+
+
+def manifest_request(manifest: dict[str, Any]) -> Request:
+    """The manifest's request, validated by the request model (its refusals, prefixed ``manifest.request.``)."""
+
+    try:
+        return build_request(**manifest["request"])
+    except InputError as err:
+        raise InputError(f"manifest.request.{err.field}", err.problem, err.fix) from None
+    except TypeError:  # keys that are not strings
+        raise InputError("manifest.request", "has keys that are not field names",
+                         "use a manifest written by magi2studio") from None
+
+
+def verify_run(path: Path) -> RunFolder:
+    """Check a run folder without re-running it: its manifest's fields, every file's sha256, and
+    that the request in manifest.json is the one in request.yaml. Refuses a tampered folder by name."""
+
+    folder = load_run(path)
+    manifest = folder.manifest
+    tampered = "re-run it (magi2studio generate --request request.yaml from a copy you trust)"
+    for name in HASHED_FILES:
+        recorded = manifest["files"].get(name)
+        if not isinstance(recorded, str) or not _SHA256.fullmatch(recorded):
+            raise InputError(f"manifest.files.{name}", "has no sha256", "use a manifest written by magi2studio")
+        if media.file_sha256(folder.path / name) != recorded:
+            raise InputError("run", f"{folder.path} was tampered with: {name} differs from the sha256 in its manifest",
+                             tampered)
+    request = manifest_request(manifest)
+    if request.model_dump(mode="json") != manifest["request"]:
+        raise InputError("manifest.request", "is not in the normal form magi2studio writes", tampered)
+    written = Request.from_yaml((folder.path / "request.yaml").read_text(encoding="utf-8"), source="request.yaml")
+    if written.model_dump(mode="json") != manifest["request"]:
+        raise InputError("run", f"{folder.path} was tampered with: manifest.json's request differs from request.yaml",
+                         tampered)
+    parse_layout(manifest["layout"]["name"])
+    if manifest["engine"]["name"] not in ENGINE_NAMES:
+        raise InputError("manifest.engine.name", f"{manifest['engine']['name']!r} is not an engine",
+                         f"use one of {', '.join(ENGINE_NAMES)}")
+    return folder
 
 
 def timing_summary(generation: Generation) -> dict[str, Any]:
@@ -146,8 +226,7 @@ def write_run(root: Path, request: Request, layout: Layout, generation: Generati
         media.write_wav(temp / "audio.wav", generation.audio, generation.sample_rate)
         media.write_poster(temp / "poster.jpg", generation.frames)
         manifest["timing"]["stage_ms"]["mux"] = (time.perf_counter() - t0) * 1e3
-        manifest["files"] = {name: media.file_sha256(temp / name)
-                             for name in ("request.yaml", "steps.jsonl", "video.mp4", "audio.wav", "poster.jpg")}
+        manifest["files"] = {name: media.file_sha256(temp / name) for name in HASHED_FILES}
         (temp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False), encoding="utf-8")
         os.chmod(temp, 0o755)
         os.rename(temp, final)
@@ -163,8 +242,8 @@ def execute(engine: Engine, request: Request, layout: Layout, outputs_root: Path
     """Validate, (re)start the engine for the layout, generate, and write the run folder."""
 
     tier = get_tier(request.tier)
+    engine.check_layout(layout, tier)  # before the outputs root is made: a refusal leaves no ./outputs
     check_outputs_root(outputs_root)
-    engine.check_layout(layout, tier)
     started = time.time()
     if engine.start(layout) and on_progress is not None:
         on_progress(Progress("load", message=f"engine started for layout {layout.name}"))

@@ -2,9 +2,12 @@
 
 A set is a JSON array of ``{"prompt": ...}`` or ``{"prompt_file": ...}`` entries, with
 ``"image"`` for I2VA, plus optional ``name``, ``tier``, ``seed``, ``steps`` and ``mode``.
-Relative paths resolve against the set's folder, then its parent (the repository root Sand
-AI's paths are written against); nothing may resolve outside that root. Every entry is
-validated, prompt files read and images decoded, before any run starts.
+Relative paths resolve against the set's folder, then the set's root; nothing may resolve
+outside that root (:func:`magi2studio.paths.contained`). The root is explicit: the set's own
+folder unless the user names one (``--root``; Sand AI writes ``assets/...`` from their
+repository's top, so their layout needs ``--root REPO``); the bundled copy's root is its
+own tree. Every entry is validated, prompt files read and images decoded, before any run
+starts; a set of more than :data:`CONFIRM_ENTRIES` entries needs ``confirm_large``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .paths import contained, read_text
 from .request import Request, build_request, read_prompt_file
 
 BUNDLED_DIR = Path(__file__).parent / "data" / "sandai"
@@ -23,6 +27,7 @@ BUNDLED_ALIAS = "sandai"  # what to type instead of the bundled set's path
 MAX_SET_BYTES = 1024 * 1024
 ENTRY_KEYS = ("prompt", "prompt_file", "image", "name", "tier", "seed", "steps", "mode")
 SEED_POLICIES = ("fixed", "offset")
+CONFIRM_ENTRIES = 100  # above this many entries a set runs only when confirmed (--yes)
 
 
 class MissingFile(InputError):
@@ -70,27 +75,27 @@ def resolve_set_path(text: str | Path) -> Path:
     return BUNDLED_SET if str(text) == BUNDLED_ALIAS else Path(text)
 
 
-def set_root(set_file: Path) -> Path:
-    """The folder above the set's folder: Sand AI writes ``assets/...`` from the repository root."""
+def set_root(set_file: Path, root: str | Path | None = None) -> Path:
+    """The explicit root: the one named, the bundled tree for the bundled set, else the set's folder."""
 
-    return set_file.resolve().parent.parent
+    if root is not None:
+        folder = Path(root)
+        if not folder.is_dir():
+            raise InputError("root", f"{root} is not a folder", "name the folder the set's paths are written against")
+        return folder.resolve()
+    if set_file.resolve() == BUNDLED_SET.resolve():
+        return BUNDLED_DIR.resolve()
+    return set_file.resolve().parent
 
 
-def resolve_entry_path(written: str, set_file: Path, field_name: str) -> Path:
-    """Resolve an entry's relative path (set's folder, then its parent); refuse escapes."""
+def resolve_entry_path(written: str, set_file: Path, root: Path, field_name: str) -> Path:
+    """An entry's path: in the set's folder, else in the root; both must stay inside the root."""
 
-    if not isinstance(written, str) or not written.strip():
-        raise InputError(field_name, "must be a non-empty path string", "write a path relative to the set's folder")
-    if Path(written).is_absolute():
-        raise InputError(field_name, f"{written} is an absolute path",
-                         "write it relative to the sample set's folder, as Sand AI's set does")
     folder = set_file.resolve().parent
-    root = set_root(set_file)
-    candidates = [(folder / written).resolve(), (root / written).resolve()]
-    for candidate in candidates:
-        if not candidate.is_relative_to(root):
-            raise InputError(field_name, f"{written} resolves outside the set's root {root}",
-                             "keep prompt and image files inside the sample set's repository folder")
+    if not folder.is_relative_to(root):
+        raise InputError("root", f"the set's folder {folder} is outside the root {root}",
+                         "name a root that holds the sample set")
+    candidates = [contained(written, root, field_name, base=folder), contained(written, root, field_name)]
     for candidate in candidates:
         if candidate.exists():
             return candidate
@@ -99,17 +104,14 @@ def resolve_entry_path(written: str, set_file: Path, field_name: str) -> Path:
 
 
 def load_set_json(set_file: Path) -> list[Any]:
-    if not set_file.is_file():
-        raise InputError("samples", f"{set_file} does not exist", f"give a sample set JSON file, or {BUNDLED_ALIAS}")
-    if set_file.stat().st_size > MAX_SET_BYTES:
-        raise InputError("samples", f"{set_file} is over {MAX_SET_BYTES // 1024} KiB", "split the sample set")
+    text = read_text(set_file, "samples", f"a sample set JSON file, or {BUNDLED_ALIAS}", MAX_SET_BYTES)
     try:
-        data = json.loads(set_file.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError("samples", f"{set_file} is not UTF-8", "save the sample set as UTF-8 JSON") from None
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise InputError("samples", f"{set_file} is not valid JSON (line {err.lineno}: {err.msg})",
                          "fix the JSON syntax") from None
+    except RecursionError:
+        raise InputError("samples", f"{set_file} nests too deeply", "write a flat array of entries") from None
     if not isinstance(data, list):
         raise InputError("samples", f"{set_file} holds a JSON {type(data).__name__}, not an array",
                          'write a JSON array of {"prompt_file": ...} entries, as Sand AI\'s demo_samples.json')
@@ -125,7 +127,7 @@ def default_name(entry: dict[str, Any], index: int, mode: str) -> str:
     return f"{stem}-{mode}"
 
 
-def read_entry(entry: Any, index: int, set_file: Path, seed: int, seed_policy: str,
+def read_entry(entry: Any, index: int, set_file: Path, root: Path, seed: int, seed_policy: str,
                defaults: dict[str, Any]) -> Sample:
     where = f"samples[{index}]"
     if not isinstance(entry, dict):
@@ -140,7 +142,7 @@ def read_entry(entry: Any, index: int, set_file: Path, seed: int, seed_policy: s
         raise InputError(where, problem, "give exactly one of prompt or prompt_file")
     sources: dict[str, str] = {}
     if has_file:
-        prompt_path = resolve_entry_path(entry["prompt_file"], set_file, f"{where}.prompt_file")
+        prompt_path = resolve_entry_path(entry["prompt_file"], set_file, root, f"{where}.prompt_file")
         try:
             prompt = read_prompt_file(prompt_path)
         except InputError as err:
@@ -152,7 +154,7 @@ def read_entry(entry: Any, index: int, set_file: Path, seed: int, seed_policy: s
         prompt = entry["prompt"].strip()
     image = None
     if entry.get("image") is not None:
-        image_path = resolve_entry_path(entry["image"], set_file, f"{where}.image")
+        image_path = resolve_entry_path(entry["image"], set_file, root, f"{where}.image")
         image = str(image_path)
         sources[entry["image"]] = image
     mode = entry.get("mode", "i2va" if image else "t2va")
@@ -178,13 +180,15 @@ def read_entry(entry: Any, index: int, set_file: Path, seed: int, seed_policy: s
 
 
 def load_sample_set(path: str | Path, *, seed: int = 42, seed_policy: str = "fixed",
-                    defaults: dict[str, Any] | None = None, skip_missing: bool = False) -> SampleSet:
+                    defaults: dict[str, Any] | None = None, skip_missing: bool = False,
+                    root: str | Path | None = None, confirm_large: bool = False) -> SampleSet:
     """Read and validate a whole set; raise InputError for the first bad entry.
 
     ``defaults`` are request fields (tier, steps, ...) an entry's own keys override.
     ``skip_missing`` leaves out entries whose prompt file or image does not exist (recorded
     in ``skipped``) instead of refusing the set: Sand AI's set lists
-    ``assets/sample_enhanced_t2v.json``, which they have not published.
+    ``assets/sample_enhanced_t2v.json``, which they have not published. ``root`` is the
+    folder every path must stay inside (default: see :func:`set_root`).
     """
 
     if seed_policy not in SEED_POLICIES:
@@ -192,10 +196,13 @@ def load_sample_set(path: str | Path, *, seed: int = 42, seed_policy: str = "fix
                          "use fixed (every entry the same seed, as the blog) or offset (seed + index, as entry.py)")
     set_file = resolve_set_path(path)
     entries = load_set_json(set_file)
-    result = SampleSet(set_file.resolve(), set_root(set_file), seed, seed_policy)
+    if len(entries) > CONFIRM_ENTRIES and not confirm_large:
+        raise InputError("samples", f"{set_file} has {len(entries)} entries (more than {CONFIRM_ENTRIES})",
+                         "pass --yes to run them all, or split the set")
+    result = SampleSet(set_file.resolve(), set_root(set_file, root), seed, seed_policy)
     for index, entry in enumerate(entries):
         try:
-            sample = read_entry(entry, index, set_file, seed, seed_policy, dict(defaults or {}))
+            sample = read_entry(entry, index, set_file, result.root, seed, seed_policy, dict(defaults or {}))
         except MissingFile as err:
             if not skip_missing:
                 raise InputError(err.field, err.problem, f"{err.fix}, or pass --skip-missing to run the rest") from None

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..request import Request, build_request, read_prompt_file
+from ..paths import read_text
+from ..request import MAX_PROMPT_FILE_BYTES, Request, build_request, read_prompt_file
 
 DEFAULT_OUT = Path("outputs")
+MAX_REQUEST_BYTES = 2 * MAX_PROMPT_FILE_BYTES  # a request holds its prompt and a negative prompt
 
 
 def add_request_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,9 +43,8 @@ def request_from_args(args: argparse.Namespace) -> Request:
     fields: dict = {}
     if args.request:
         path = Path(args.request)
-        if not path.is_file():
-            raise InputError("request", f"{path} does not exist", "give the path of a request YAML file")
-        fields = Request.from_yaml(path.read_text(encoding="utf-8"), source="request").model_dump()
+        text = read_text(path, "request", "a request YAML file", MAX_REQUEST_BYTES)
+        fields = Request.from_yaml(text, source="request", root=path.resolve().parent).model_dump()
     if args.prompt is not None and args.prompt_file:
         raise InputError("prompt", "both --prompt and --prompt-file were given", "give one of them")
     if args.prompt is not None:

@@ -1,4 +1,4 @@
-"""``magi2studio replay RUN_DIR``: re-run a manifest's request and compare the output hashes."""
+"""``magi2studio replay RUN_DIR``: verify a run folder, re-run its request and compare the output hashes."""
 
 from __future__ import annotations
 
@@ -25,13 +25,14 @@ def replay(run_dir: Path, out: Path | None = None):
     from ..progress import ConsoleProgress
     from ..request import build_request
 
-    original = runs.load_run(run_dir).manifest
-    request_fields = dict(original["request"])
-    if request_fields.get("steps") is None:
-        request_fields["steps"] = original["resolved"]["steps"]
-    if request_fields.get("compile") is None:
-        request_fields["compile"] = original["resolved"]["compile"]
-    request = build_request(**request_fields)
+    original = runs.verify_run(run_dir).manifest  # a tampered or malformed folder is refused here
+    request = runs.manifest_request(original)
+    fill = {key: original["resolved"].get(key) for key in ("steps", "compile") if getattr(request, key) is None}
+    if fill:
+        try:
+            request = build_request(**{**request.model_dump(), **fill})
+        except InputError as err:
+            raise InputError(f"manifest.resolved.{err.field}", err.problem, "use a manifest written by magi2studio") from None
     layout = parse_layout(original["layout"]["name"])
     engine = get_engine(original["engine"]["name"])
     with ConsoleProgress() as progress:

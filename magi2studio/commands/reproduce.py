@@ -27,6 +27,11 @@ def register(sub) -> None:
     parser.add_argument("--engine", default="embedded", help="embedded or vllm-omni")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"report and runs folder (default {DEFAULT_OUT})")
     parser.add_argument("--expect", default=None, help="a reference file, or 'blog' for the bundled blog reference")
+    parser.add_argument("--root", default=None, metavar="DIR",
+                        help="the folder the set's paths are written against and must stay inside "
+                             "(default: the set's own folder; Sand AI's layout: their repository's top)")
+    parser.add_argument("--yes", action="store_true",
+                        help="run a set of more than 100 entries without refusing it")
     parser.add_argument("--skip-missing", action="store_true",
                         help="leave out entries whose prompt file or image is missing (listed in the report)")
     parser.add_argument("--write-reference", default=None, metavar="PATH",
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                                               ("compile", args.compile)) if value is not None}
     seed = _whole("seed", args.seed)
     sample_set = load_sample_set(args.samples, seed=seed, seed_policy=args.seed_policy, defaults=defaults,
-                                 skip_missing=args.skip_missing)
+                                 skip_missing=args.skip_missing, root=args.root, confirm_large=args.yes)
     layout = parse_layout(args.layout)
     reference = load_reference(args.expect) if args.expect else None
     write_to = Path(args.write_reference) if args.write_reference else None

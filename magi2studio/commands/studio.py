@@ -64,4 +64,5 @@ def run(args: argparse.Namespace) -> int:
         demo.close()
         ctx.slot.close()
         engine.close()
+        ctx.close()
     return 0

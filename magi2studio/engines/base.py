@@ -7,6 +7,8 @@ return arrays; :mod:`magi2studio.runs` turns them into a run folder the same way
 
 from __future__ import annotations
 
+import os
+
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -68,6 +70,30 @@ class Generation:
 
 
 ProgressCallback = Callable[[Progress], None]
+
+STEP_TIMEOUT_ENV = "MAGI2STUDIO_STEP_TIMEOUT_S"
+DEFAULT_STEP_TIMEOUT_S = 600.0  # above a real-model step incl. its first Inductor compile; stages report too
+
+
+def step_timeout_s() -> float:
+    """The step watchdog: seconds a run may go without a step boundary or a stage event.
+
+    Every engine fails the run after this long, kills its ranks (the next run starts fresh
+    ones) and so lets the studio's queue move on. ``$MAGI2STUDIO_STEP_TIMEOUT_S`` sets it.
+    """
+
+    from ..errors import InputError
+
+    text = os.environ.get(STEP_TIMEOUT_ENV)
+    if not text:
+        return DEFAULT_STEP_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1e7:
+        raise InputError(STEP_TIMEOUT_ENV, f"{text!r} is not a number of seconds", "set it to e.g. 300, or unset it")
+    return value
 
 
 class Engine(ABC):

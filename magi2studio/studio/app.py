@@ -16,7 +16,7 @@ import gradio as gr
 from ..engines.base import Engine
 from ..layouts import parse_layout
 from ..runs import check_outputs_root
-from .context import ASSETS, StudioContext
+from .context import ASSETS, MAX_UPLOAD_BYTES, StudioContext
 from .slot import EngineSlot
 
 TABS = ("generate", "results", "history", "environment", "reproduce", "ab")
@@ -57,4 +57,5 @@ def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -
         # Waiting followers each hold a worker thread; leave room for the page's other events.
         "max_threads": ctx.slot.max_waiting + 24,
         "auth": auth,
+        "max_file_size": MAX_UPLOAD_BYTES,
     }

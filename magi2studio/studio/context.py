@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradio.utils import get_upload_folder
+
 from ..engines.base import Capabilities, Engine
 from .slot import EngineSlot
 
 ASSETS = Path(__file__).with_name("assets")
+SCRATCH_CAP_BYTES = 512 * 1024 * 1024  # run-folder zips kept for download; a 272p run zips to about 2 MB
+MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # Gradio refuses larger uploads (first frames, sets, prompts are far smaller)
 
 
 @dataclass
@@ -23,7 +28,10 @@ class StudioContext:
       a tab that generates calls ``ctx.slot.submit(request, layout, owner)`` and
       ``ctx.slot.follow(job)``; ``owner`` is the Gradio session hash (cancel uses it).
     - ``outputs_root``: where run folders are written; the only data folder the app serves.
-    - ``scratch``: a private temp folder for derived files (run-folder zips).
+    - ``scratch``: a private temp folder for derived files (run-folder zips, staged uploads);
+      zips are capped at ``scratch_cap_bytes`` (oldest removed first), and ``close()``
+      removes the folder at shutdown.
+    - ``uploads``: Gradio's upload folder; files a client names must lie in it.
     - ``gpu_gib``: GPU memory assumed by the layout memory-fit line (real checkpoint).
     - ``demo``: the ``gr.Blocks`` being built (for ``demo.load`` events).
     - ``tabs``: the ``gr.Tabs``; switch with ``gr.Tabs(selected=<tab id>)`` as an output.
@@ -43,6 +51,8 @@ class StudioContext:
     outputs_root: Path
     gpu_gib: float = 80.0
     scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="magi2studio-")))
+    scratch_cap_bytes: int = SCRATCH_CAP_BYTES
+    uploads: Path = field(default_factory=lambda: Path(get_upload_folder()))
     demo: Any = None
     tabs: Any = None
     form: Any = None
@@ -56,4 +66,19 @@ class StudioContext:
         for fn in self._deferred:
             fn()
         self._deferred.clear()
+
+    def trim_scratch(self, keep: Path) -> None:
+        """Remove the oldest zips until the scratch folder's zips fit ``scratch_cap_bytes`` (``keep`` stays)."""
+        zips = sorted(self.scratch.glob("*.zip"), key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in zips)
+        for path in zips:
+            if total <= self.scratch_cap_bytes:
+                break
+            if path != keep:
+                total -= path.stat().st_size
+                path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Remove the scratch folder (zips, staged uploads): nothing of the studio's stays in /tmp."""
+        shutil.rmtree(self.scratch, ignore_errors=True)
 

@@ -12,6 +12,7 @@ from typing import Any
 from ..engines.base import Capabilities, Engine
 from ..errors import InputError
 from ..layouts import PRESETS, Layout, check_shape, memory_fit_line, parse_layout
+from ..paths import inside
 from ..request import Request, build_request, check_image, read_prompt_file
 from ..tiers import get_tier
 
@@ -60,6 +61,8 @@ def _whole(value: Any, field: str) -> int | None:
 def layout_from_form(preset: str | None, sp: Any, cfg: Any, ep: Any) -> Layout:
     """A preset name, or the custom SP / CFG / EP fields, checked with the shared rules."""
     if not _blank(preset) and preset != CUSTOM:
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise InputError("layout", f"{preset!r} is not a preset", f"use one of {', '.join(PRESETS)} or custom")
         return parse_layout(preset)
     sp_value, cfg_value, ep_value = _whole(sp, "layout"), _whole(cfg, "layout"), _whole(ep, "layout")
     if sp_value is None or cfg_value is None:
@@ -85,10 +88,49 @@ def file_path(value: Any) -> str | None:
     return str(getattr(value, "path", value))
 
 
-def request_from_form(values: dict[str, Any], capabilities: Capabilities, engine: Engine) -> tuple[Request, Layout, list[str]]:
-    """Validate the form and return (request, layout, layout warnings); raise InputError."""
+def upload_path(value: Any, field: str, uploads: Path | None) -> str | None:
+    """A file the client uploaded: a FileData (or its path) inside the studio's upload folder.
+
+    The /generate event takes raw payloads (so every refusal is ours), so a client could name
+    any server path here; only what Gradio's upload route stored is accepted.
+    """
+    if _blank(value):
+        return None
+    path = file_path(value)
+    if not isinstance(path, str) or not path.strip() or "\x00" in path:
+        raise InputError(field, "is not an uploaded file", "upload the file (gradio_client: handle_file(path))")
+    if uploads is not None:
+        inside(path, uploads, field, "upload the file (gradio_client: handle_file(path)); a server path is not accepted")
+    return path
+
+
+def _choice(value: Any, field: str, choices: tuple[str, ...] | list[str], default: str) -> str:
+    if _blank(value):
+        return default
+    if not isinstance(value, str) or value not in choices:
+        raise InputError(field, f"{value!r} is not one of the choices", f"use one of {', '.join(choices)}")
+    return value
+
+
+def _flag(value: Any, field: str) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise InputError(field, f"{value!r} is not true or false", "use true or false")
+    return value
+
+
+def request_from_form(values: dict[str, Any], capabilities: Capabilities, engine: Engine,
+                      uploads: Path | None = None) -> tuple[Request, Layout, list[str]]:
+    """Validate the form and return (request, layout, layout warnings); raise InputError.
+
+    ``values`` may be raw API payloads: every field is checked here, in the CLI's words, and
+    files must lie in ``uploads`` (the studio's upload folder) when it is given.
+    """
     prompt = values.get("prompt") or ""
-    prompt_file = file_path(values.get("prompt_file"))
+    if not isinstance(prompt, str):
+        raise InputError("prompt", "must be text", "send the prompt as a string")
+    prompt_file = upload_path(values.get("prompt_file"), "prompt_file", uploads)
     prompt_file_name = None
     if prompt_file is not None:
         text = read_prompt_file(prompt_file)
@@ -96,8 +138,9 @@ def request_from_form(values: dict[str, Any], capabilities: Capabilities, engine
         if not prompt.strip():
             prompt = text
     mode = values.get("mode") or "t2va"
-    image = file_path(values.get("image")) if mode == "i2va" else None
-    compile_mode = values.get("compile")
+    image = upload_path(values.get("image"), "image", uploads) if mode == "i2va" else None
+    compile_mode = _choice(values.get("compile"), "compile", (ENGINE_DEFAULT, *capabilities.compile_modes),
+                           ENGINE_DEFAULT)
     fields = {
         "mode": mode,
         "prompt": prompt,
@@ -111,7 +154,7 @@ def request_from_form(values: dict[str, Any], capabilities: Capabilities, engine
         "video_cfg": values.get("video_cfg"),
         "audio_cfg": values.get("audio_cfg"),
         "compile": None if _blank(compile_mode) or compile_mode == ENGINE_DEFAULT else compile_mode,
-        "deterministic": bool(values.get("deterministic", True)),
+        "deterministic": _flag(values.get("deterministic", True), "deterministic"),
     }
     request = build_request(**{k: v for k, v in fields.items() if v is not None or k in ("prompt_file", "image")})
     reason = capabilities.tiers.get(request.tier)

@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from .. import runs
 from ..engines.base import Engine, Progress
-from ..errors import Cancelled, InputError
+from ..errors import Cancelled, InputError, describe_os_error
 from ..layouts import Layout
 from ..request import Request
 from ..tiers import get_tier
@@ -41,6 +42,7 @@ class Job:
     submitted: float = field(default_factory=time.time)
     cancel: threading.Event = field(default_factory=threading.Event)
     events: queue.Queue = field(default_factory=queue.Queue)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)  # unguessable: cancel_job needs no session
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,15 @@ class EngineSlot:
                     found = True
         return found
 
+    def cancel_job(self, job_id: str) -> bool:
+        """Cancel one running or waiting job by its id; the run stops at its next step boundary."""
+        with self._cond:
+            for job in [*self._waiting, *([self._running] if self._running else [])]:
+                if job.id == job_id:
+                    job.cancel.set()
+                    return True
+        return False
+
     def follow(self, job: Job, poll_s: float = 0.25) -> Iterator[Update]:
         """Yield the job's position while it waits, its progress, then its terminal update."""
         last_position = None
@@ -145,9 +156,10 @@ class EngineSlot:
                 return
 
     def close(self) -> None:
+        """Refuse new jobs, cancel the waiting and the running one (its temp folder is removed), wait."""
         with self._cond:
             self._closed = True
-            for job in self._waiting:
+            for job in [*self._waiting, *([self._running] if self._running else [])]:
                 job.cancel.set()
             self._cond.notify_all()
         self._thread.join(timeout=30)
@@ -198,6 +210,9 @@ class EngineSlot:
             put(Update("refused", error=err, message=str(err)))
         except Cancelled as err:
             put(Update("cancelled", message=f"cancelled at a step boundary; no run folder was kept ({err})"))
+        except OSError as err:  # the disk or the OS refused a write: the CLI's words, not a traceback
+            log.warning("run %d could not be written: %s", job.ticket, err)
+            put(Update("failed", message=describe_os_error(err)))
         except Exception as err:
             log.exception("run %d (%s) failed", job.ticket, job.request.mode)
             put(Update("failed", message=failure_line(err)))

@@ -54,6 +54,27 @@ class GenerateForm:
         return [by_name[name] for name in F.FIELDS]
 
 
+def uploads_only(component: gr.File, field: str) -> gr.File:
+    """Refuse a file value that is not an upload (e.g. a raw server path) in the project's words.
+
+    Gradio validates a File input's payload against its data model before any handler runs,
+    also with ``preprocess=False``; its own refusal reaches the client as no message at all.
+    """
+    base = component.data_model
+
+    class UploadedFile(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def model_validate(cls, obj, *args, **kwargs):
+            if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
+                raise gr.Error(str(InputError(field, "is not an uploaded file",
+                                              "upload it (gradio_client: handle_file(path)); a server path "
+                                              "or plain text is not accepted")), print_exception=False)
+            return base.model_validate(obj, *args, **kwargs)
+
+    component.data_model = UploadedFile
+    return component
+
+
 def _text(value: int | None) -> str:
     return "" if value is None else str(value)
 
@@ -75,13 +96,14 @@ def build(ctx: StudioContext) -> None:
             with gr.Column(scale=3):
                 mode = gr.Radio([("T2VA: text to video + audio", "t2va"), ("I2VA: first frame + text", "i2va")],
                                 value="t2va", label="Mode", elem_id="mode")
-                image = gr.File(label="First-frame image (JPEG or PNG)", visible=False, elem_id="image-file")
+                image = uploads_only(gr.File(label="First-frame image (JPEG or PNG)", visible=False,
+                                             elem_id="image-file"), "image")
                 image_preview = gr.Image(label="First frame", visible=False, interactive=False, height=160)
                 errors = {"image": _error_line("")}
                 prompt = gr.Textbox(label="Prompt", lines=8, max_lines=24, elem_id="prompt",
                                     placeholder="Describe the clip, or load one of the published prompt files")
-                prompt_file = gr.File(label="Load a prompt file (UTF-8 text or JSON)", elem_id="prompt-file",
-                                      height=90)
+                prompt_file = uploads_only(gr.File(label="Load a prompt file (UTF-8 text or JSON)",
+                                                   elem_id="prompt-file", height=90), "prompt_file")
                 errors["prompt"] = _error_line("")
                 with gr.Accordion("Advanced", open=False):
                     negative = gr.Textbox(label="Negative prompt", lines=2)
@@ -188,13 +210,14 @@ def build(ctx: StudioContext) -> None:
         form_values = {name: arguments[name] for name in F.FIELDS}
         cleared = {box: _error_line("") for box in error_boxes}
         try:
-            run_request, layout, _warnings = F.request_from_form(form_values, caps, ctx.engine)
+            run_request, layout, _warnings = F.request_from_form(form_values, caps, ctx.engine, ctx.uploads)
             job = ctx.slot.submit(run_request, layout, request.session_hash or "anonymous")
         except InputError as err:
             yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"✗ {err}"),
                    progress: _progress_html("refused: fix the field marked above")}
             raise gr.Error(str(err), print_exception=False) from None
-        yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket})")}
+        yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
+                                                   f"/cancel_job with this id stops it)")}
         seen: dict[str, tuple[float, int]] = {}
         started = time.monotonic()
         for update in ctx.slot.follow(job):
@@ -225,12 +248,23 @@ def build(ctx: StudioContext) -> None:
             return _progress_html("cancelling: the run stops at the next step boundary")
         return _progress_html("nothing of yours is running or waiting")
 
+    def cancel_job(job_id: str) -> str:
+        """Cancel by job id (shown when the run is queued): for HTTP clients, whose calls have no shared session."""
+        if ctx.slot.cancel_job(job_id if isinstance(job_id, str) else ""):
+            return "cancelling: the run stops at the next step boundary"
+        return f"job_id: {str(job_id)[:40]!r} is not a waiting or running job. Fix: use the id from the queued line"
+
+    cancel_job_box = gr.Textbox(visible=False)
+
     def wire() -> None:
         outputs = [*ctx.results.components, progress, *error_boxes]
+        # preprocess=False: raw payloads reach generate_run, which refuses bad ones in the CLI's words
+        # (Gradio's component checks would answer in theirs, or with no message at all).
         generate.click(generate_run, inputs, outputs, api_name="generate", concurrency_limit=None,
-                       show_progress="hidden").success(
+                       show_progress="hidden", preprocess=False).success(
             lambda: gr.Tabs(selected="results"), None, ctx.tabs, queue=False, api_visibility="private")
         cancel.click(cancel_mine, None, progress, api_name="cancel", queue=False)
+        cancel_job_box.submit(cancel_job, cancel_job_box, cancel_job_box, api_name="cancel_job", queue=False)
         ctx.demo.load(check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
 
     ctx.defer(wire)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..errors import Cancelled, EngineError, InputError
+from ..errors import Cancelled, EngineError, InputError, describe_os_error
 from ..layouts import parse_layout
 from ..reproduce import BUNDLED_REFERENCES, load_reference, reproduce
 from ..samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
@@ -37,12 +37,17 @@ def stage_upload(files: list[str] | None, scratch: Path) -> Path:
         raise InputError("samples", "no file was uploaded", "upload the sample set JSON and the files it names")
     folder = scratch / f"upload-{time.time_ns()}" / "assets"
     folder.mkdir(parents=True)
-    for path in paths:
-        shutil.copy(path, folder / path.name)
-    named = [folder / p.name for p in sets if p.read_text(encoding="utf-8", errors="replace").lstrip().startswith("[")]
-    if len(named) != 1:
-        raise InputError("samples", f"{len(named)} of the uploaded files are JSON arrays",
-                         "upload exactly one sample set (a JSON array) plus its prompt and image files")
+    try:
+        for path in paths:
+            shutil.copy(path, folder / path.name)
+        named = [folder / p.name for p in sets
+                 if p.read_text(encoding="utf-8", errors="replace").lstrip().startswith("[")]
+        if len(named) != 1:
+            raise InputError("samples", f"{len(named)} of the uploaded files are JSON arrays",
+                             "upload exactly one sample set (a JSON array) plus its prompt and image files")
+    except BaseException:
+        shutil.rmtree(folder.parent, ignore_errors=True)
+        raise
     return named[0]
 
 
@@ -81,18 +86,24 @@ def build(ctx: StudioContext) -> None:
     def run_set(source_value, files, tier_value, layout_value, seed_value, policy_value, steps_value,
                 expect_value, expect_path, skip_value, request: gr.Request):
         owner = request.session_hash or "anonymous"
+        staged = None
         try:
             set_path = BUNDLED_ALIAS if source_value == BUNDLED_CHOICE else stage_upload(files, ctx.scratch)
+            staged = None if set_path == BUNDLED_ALIAS else set_path.parent.parent
             defaults = {"tier": tier_value, **({"steps": int(steps_value)} if steps_value else {})}
             sample_set = load_sample_set(set_path, seed=int(seed_value if seed_value is not None else 42),
-                                         seed_policy=policy_value, defaults=defaults, skip_missing=skip_value)
+                                         seed_policy=policy_value, defaults=defaults, skip_missing=skip_value,
+                                         root=None if set_path == BUNDLED_ALIAS else set_path.parent.parent)
             chosen_layout = parse_layout(layout_value)
             for sample in sample_set.samples:
                 ctx.engine.check_layout(chosen_layout, get_tier(sample.request.tier))
             reference_path = expect_path or (None if expect_value == "none" else expect_value)
             reference = load_reference(reference_path) if reference_path else None
-        except InputError as err:
-            raise gr.Error(str(err), print_exception=False) from None
+        except (InputError, OSError) as err:
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
+            message = describe_os_error(err) if isinstance(err, OSError) else str(err)
+            raise gr.Error(message, print_exception=False) from None
         out = ctx.outputs_root / "reproduce" / time.strftime("%Y%m%d-%H%M%S")
         events: queue.Queue = queue.Queue()
         cancel = threading.Event()
@@ -126,8 +137,13 @@ def build(ctx: StudioContext) -> None:
                 events.put(("finished", report, None))
             except Cancelled as err:
                 events.put(("stopped", str(err), None))
+            except OSError as err:
+                events.put(("error", describe_os_error(err), None))
             except Exception as err:  # shown to the user; nothing else reads this thread
                 events.put(("error", f"{err.__class__.__name__}: {err}", None))
+            finally:
+                if staged is not None:  # the staged upload is read; it goes with the run
+                    shutil.rmtree(staged, ignore_errors=True)
 
         threading.Thread(target=work, name=f"reproduce-{owner}", daemon=True).start()
         total = len(sample_set.samples)

@@ -10,7 +10,8 @@ from typing import Any
 
 import gradio as gr
 
-from ..runs import RunFolder, load_run
+from ..errors import InputError
+from ..runs import RunFolder, load_run, manifest_request
 from . import results as R
 from .context import StudioContext
 from .form import FIELDS
@@ -30,7 +31,7 @@ class ResultsView:
     manifest: gr.JSON
     download: gr.File
     run_path: gr.State
-    scratch: Path
+    studio: StudioContext
 
     @property
     def components(self) -> list[Any]:
@@ -38,13 +39,18 @@ class ResultsView:
         return [self.video, self.wav, self.manifest, self.download, self.plot, self.summary, self.headline,
                 self.run_path]
 
+    def _zip(self, run: RunFolder) -> Path:
+        path = R.zip_run(run, self.studio.scratch)
+        self.studio.trim_scratch(keep=path)
+        return path
+
     def values_for(self, run: RunFolder) -> dict[Any, Any]:
         return {
             self.headline: R.headline(run),
             self.video: str(run.video),
             self.wav: str(run.wav),
             self.manifest: run.manifest,
-            self.download: str(R.zip_run(run, self.scratch)),
+            self.download: str(self._zip(run)),
             self.plot: R.load_timing(run),
             self.summary: R.summary_frame(run.manifest),
             self.run_path: str(run.path),
@@ -75,12 +81,17 @@ def build(ctx: StudioContext) -> None:
             manifest = gr.JSON(label="manifest", elem_id="manifest")
         run_path = gr.State(None)
 
-    ctx.results = ResultsView(headline, video, wav, plot, summary, manifest, download, run_path, ctx.scratch)
+    ctx.results = ResultsView(headline, video, wav, plot, summary, manifest, download, run_path, ctx)
 
     def use_settings(path: str | None):
         if not path:
             raise gr.Error("no run is shown: generate one, or pick one in History", print_exception=False)
-        values = ctx.form.values_from_manifest(load_run(Path(path)).manifest)
+        try:
+            manifest = load_run(Path(path)).manifest
+            manifest_request(manifest)  # every field the form is refilled with, checked by the request's rules
+        except InputError as err:
+            raise gr.Error(str(err), print_exception=False) from None
+        values = ctx.form.values_from_manifest(manifest)
         return values
 
     ctx.defer(lambda: reuse.click(use_settings, run_path, [ctx.form.fields[n] for n in FIELDS],

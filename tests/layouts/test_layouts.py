@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import threading
 import time
 
@@ -137,5 +138,49 @@ def test_a_failing_rank_ends_the_run_naming_rank_and_step_and_the_next_run_works
         monkeypatch.delenv(FAULT_ENV)
         assert engine.start(layout) is True
         assert len(engine.generate(request.model_copy(update={"steps": 2})).step_records) == 4
+    finally:
+        engine.close()
+
+
+WATCHDOG_S = float(os.environ.get("MAGI2STUDIO_TEST_WATCHDOG_S", "15"))  # well above a tiny gloo step
+
+
+def test_a_stopped_rank_trips_the_step_watchdog_and_the_next_run_gets_fresh_ranks(tmp_path):
+    """SIGSTOP of one worker (the studio hang of issue 19): the run fails, its ranks die, the next works."""
+    layout = parse_layout("sp2-cfg1")
+    request = build_request(prompt=PROMPT, steps=3, seed=1)
+    engine = EmbeddedEngine(rank_timeout_s=WATCHDOG_S)
+    try:
+        engine.start(layout)
+        pids = engine._pool.pids
+
+        def stop_rank_1(event):
+            if event.step == 0:
+                os.kill(pids[1], signal.SIGSTOP)
+
+        started = time.monotonic()
+        with pytest.raises(EngineError, match=r"made no progress for .* s while running.*step watchdog"):
+            runs.execute(engine, request, layout, tmp_path, on_progress=stop_rank_1)
+        assert time.monotonic() - started < WATCHDOG_S + 30
+        for pid in pids:
+            assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+        assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".probe")]
+        assert engine.start(layout) is True
+        assert runs.is_complete(runs.execute(engine, request, layout, tmp_path).path)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP])
+def test_an_idle_rank_that_died_or_stopped_is_replaced_before_the_next_run(tmp_path, fault):
+    layout = parse_layout("sp2-cfg1")
+    engine = EmbeddedEngine(rank_timeout_s=WATCHDOG_S)
+    try:
+        engine.start(layout)
+        old = engine._pool.pids
+        os.kill(old[1], fault)
+        time.sleep(0.5)
+        folder = runs.execute(engine, build_request(prompt=PROMPT, steps=2, seed=1), layout, tmp_path)
+        assert runs.is_complete(folder.path) and engine._pool.pids != old
     finally:
         engine.close()

@@ -62,3 +62,19 @@ def test_hang_is_killed_with_its_workers_and_reported(tmp_path):
     again.start(timeout_s=60)
     assert again.call(3, timeout_s=30) == 9
     again.stop()
+
+
+def test_the_step_watchdog_kills_a_child_silent_between_events(tmp_path):
+    pid_file = tmp_path / "worker.pid"
+    hanging = EngineProcess(f"{CHILDREN}:hang_on_call", {"worker_pid_file": str(pid_file)}, tmp_path / "hang.log")
+    info = hanging.start(timeout_s=60)
+    started = time.monotonic()
+    with pytest.raises(EngineError) as raised:
+        hanging.call("go", timeout_s=600, idle_timeout_s=2)
+    assert time.monotonic() - started < 10
+    assert "no step boundary or stage event for 2 s (the step watchdog" in str(raised.value)
+    assert not hanging.alive
+    deadline = time.monotonic() + 10
+    while not _gone(info["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(info["pid"])

@@ -122,7 +122,7 @@ def test_an_entry_failing_during_the_run_is_reported_and_the_rest_still_run(tmp_
 
     monkeypatch.setattr(samples, "load_sample_set", load_then_lose_the_image)
     out = tmp_path / "out"
-    assert main(["reproduce", str(set_file), "--steps", STEPS, "--out", str(out)]) == 1  # one failed
+    assert main(["reproduce", str(set_file), "--root", str(tmp_path), "--steps", STEPS, "--out", str(out)]) == 1
     rows = {row["name"]: row for row in report(out)["samples"]}
     assert rows["sample_000-i2va"]["status"] == "failed" and "sample_000.jpeg" in rows["sample_000-i2va"]["error"]
     assert rows["kite"]["status"] == "ran" and len(run_folders(out)) == 1

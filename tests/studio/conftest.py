@@ -39,3 +39,4 @@ def studio(tmp_path_factory) -> Studio:
         demo.close()
         ctx.slot.close()
         engine.close()
+        ctx.close()

@@ -6,6 +6,7 @@ It never passes for the real model: its name, every manifest and every capabilit
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -17,11 +18,12 @@ from ...layouts import Layout, check_shape
 from ...request import Request, output_size
 from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...timing import StepTimer, active, install_step_hooks
-from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback
+from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback, step_timeout_s
 from .components import STAND_INS
 from .pool import Job, RankPool, prepare_compile
 from .tiny import TinyConfig
 
+log = logging.getLogger(__name__)
 ENGINE_NAME = "embedded"
 MAX_RANKS = 4  # CPU ranks the embedded engine will start (oversubscribing small machines)
 _parallel_initialized = False  # upstream's world-1 groups in this process (pools own theirs)
@@ -31,10 +33,10 @@ class EmbeddedEngine(Engine):
     name = ENGINE_NAME
 
     def __init__(self, checkpoint_root: str | Path | None = None, config: TinyConfig | None = None, *,
-                 rank_timeout_s: float = 120.0) -> None:
+                 rank_timeout_s: float | None = None) -> None:
         self.config = config or TinyConfig()
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else None
-        self.rank_timeout_s = rank_timeout_s
+        self.rank_timeout_s = rank_timeout_s if rank_timeout_s is not None else step_timeout_s()
         self._layout: Layout | None = None
         self._driver = None
         self._components = None
@@ -105,7 +107,10 @@ class EmbeddedEngine(Engine):
         with self._lock:
             running = self._pool.alive if self._pool is not None else self._driver is not None
             if running and self._layout == layout:
-                return False
+                problem = self._pool.health() if self._pool is not None else None
+                if problem is None:
+                    return False
+                log.warning("restarting the %s ranks before the run: %s", layout.name, problem)
             self._stop()
             if layout.world_size == 1:
                 self._start_in_process()

@@ -9,8 +9,10 @@ work: the sequence dispatcher and Ulysses all-to-alls, head-sharded MoE, CFG-par
 Every rank reports each finished step to the parent; rank 0 also reports stages and returns
 the frames and audio. Cancellation is a collective: at each step boundary every rank
 all-reduces (MAX) whether it has seen the shared cancel flag, so all stop at the same step.
-A rank that exits, raises or goes silent ends the run with an :class:`EngineError` naming
-the rank and the step, and the pool is torn down (the next run starts a fresh one).
+A rank that exits, raises or goes silent (the step watchdog: no step boundary for
+``rank_timeout_s``, see :func:`magi2studio.engines.base.step_timeout_s`) ends the run with an
+:class:`EngineError` naming the rank and the step, and the pool is torn down (the next run
+starts a fresh one). :meth:`RankPool.health` checks idle ranks before a run.
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ def _fail(mode: str, rank: int, step: int) -> None:
 class RankPool:
     """The ranks of one layout, started once and reused for every run on that layout."""
 
-    def __init__(self, layout: Layout, checkpoint: Path, *, rank_timeout_s: float = 120.0) -> None:
+    def __init__(self, layout: Layout, checkpoint: Path, *, rank_timeout_s: float) -> None:
         import torch.multiprocessing as mp
 
         from .upstream_patches import free_port
@@ -264,6 +266,21 @@ class RankPool:
     def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs]
 
+    def health(self) -> str | None:
+        """None if every idle rank is alive and runnable; else what is wrong (exited, or stopped)."""
+
+        for rank, proc in enumerate(self._procs):
+            if proc.exitcode is not None:
+                return f"rank {rank} exited (code {proc.exitcode}) while idle"
+            try:
+                with open(f"/proc/{proc.pid}/stat", encoding="ascii") as file:
+                    state = file.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue  # no /proc here: the exit code is all there is to check
+            if state in ("T", "t", "Z", "X"):
+                return f"rank {rank} is {'stopped' if state in 'Tt' else 'gone'} (state {state}) while idle"
+        return None
+
     def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int, str]],
                     passed: dict[int, int] | None = None) -> tuple:
         """The next event from any rank; raise EngineError on a dead or silent rank."""
@@ -286,8 +303,9 @@ class RankPool:
                 behind = [r for r in range(len(self._procs)) if passed.get(r, -1) == least]
                 who = f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
                 raise EngineError(
-                    f"{who} of layout {self.layout.name} made no progress for {self.rank_timeout_s:.0f} s while "
-                    f"{phase}" + _at_step(behind[0], last_step) + "; the pool was stopped")
+                    f"{who} of layout {self.layout.name} made no progress for {self.rank_timeout_s:g} s while "
+                    f"{phase}" + _at_step(behind[0], last_step) + "; the ranks were killed and the next run starts "
+                    "fresh ones (the step watchdog, $MAGI2STUDIO_STEP_TIMEOUT_S)")
 
     def _blame_dead_rank(self, failed: int, last_step: dict[int, tuple[int, int, str]], wait_s: float = 2.0) -> None:
         """A collective error on one rank is often another rank's death: name the dead one."""

@@ -22,7 +22,7 @@ from ...plugin import ENV_CANCEL_FILE, ENV_METRICS_DIR
 from ...request import Request
 from ...tiers import TIERS, Tier, get_tier
 from ...weights import check_weights, resolve_root
-from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback
+from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback, step_timeout_s
 from . import params
 from .process import EngineProcess
 
@@ -164,7 +164,8 @@ class VllmOmniEngine(Engine):
         watcher.start()
         try:
             result = self._process.call(request.model_dump(mode="json"), self.request_timeout_s,
-                                        lambda event: self._progress(event, on_progress))
+                                        lambda event: self._progress(event, on_progress),
+                                        idle_timeout_s=step_timeout_s())
         finally:
             stop_watch.set()
             watcher.join()

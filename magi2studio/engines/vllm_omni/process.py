@@ -110,13 +110,23 @@ class EngineProcess:
         self.info = message[1]
         return self.info
 
-    def call(self, payload: Any, timeout_s: float, on_event: Callable[[Any], None] | None = None) -> Any:
+    def call(self, payload: Any, timeout_s: float, on_event: Callable[[Any], None] | None = None,
+             idle_timeout_s: float | None = None) -> Any:
+        """Send one call; ``timeout_s`` bounds the whole call, ``idle_timeout_s`` the wait between
+        two events (the step watchdog: each step end and stage sends one)."""
+
         if not self.alive:
             self._fail("engine process is not running")
         self._conn.send(("call", payload))
         deadline = time.monotonic() + timeout_s
         while True:
-            message = self._receive(deadline - time.monotonic(), "a request")
+            left = deadline - time.monotonic()
+            if idle_timeout_s is not None and idle_timeout_s < left:
+                message = self._receive(idle_timeout_s, f"a request: no step boundary or stage event for "
+                                                        f"{idle_timeout_s:g} s (the step watchdog, "
+                                                        "$MAGI2STUDIO_STEP_TIMEOUT_S)")
+            else:
+                message = self._receive(left, "a request")
             if message[0] == "event":
                 if on_event is not None:
                     on_event(message[1])
@@ -142,7 +152,8 @@ class EngineProcess:
                 self._crashed(what)
             if time.monotonic() >= deadline:
                 self.kill()
-                raise EngineError(f"engine process gave no answer to {what} within {timeout_s:.0f} s and was killed. "
+                raise EngineError(f"engine process gave no answer to {what} within {timeout_s:g} s and was killed "
+                                  "with its workers (the next run starts a fresh one). "
                                   f"Log tail ({self.log_path}):\n{log_tail(self.log_path)}")
 
     def _raise_error(self, message: tuple) -> None:
