@@ -162,7 +162,7 @@ def _w2_scatter_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in tl.range(0, D_EXPERT, BLOCK_K):
         if USE_TMA:
-            a = hidden_desc.load([row0, k0])
+            a = hidden_desc.load([row0.to(tl.int32), k0])  # descriptors take int32 offsets
             b = w2_desc.load([expert * D_EXPERT + k0, n0])
         else:
             a = tl.load(a_rows[:, None] + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)

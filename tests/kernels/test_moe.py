@@ -181,3 +181,17 @@ def test_tma_path_matches_fp64(gen, poison, atomic, block_k):
                           atomic=atomic, platform=tma, w13_config=GemmConfig(16, 32, block_k, 4, 1, 2),
                           w2_config=GemmConfig(16, 32, 32, 4, 1))
     assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
+
+
+def test_musa_portable_path_matches_fp64(gen, poison):
+    """MUSA's launch configs (BLOCK_K 64, 16 warps, 1 stage; no TMA, no inline PTX, no atomics)."""
+
+    from dataclasses import replace
+
+    from magi2_kernels.platform import MUSA_W2, MUSA_W13
+
+    musa = replace(current_platform(), name="musa", atomic_moe=False, w13=MUSA_W13, w2=MUSA_W2, tma=False,
+                   fast_sigmoid=False)
+    x, routes, w13, w_down, _ = make_problem(gen, 27, 2, 8, 64, 128, 2, torch.float32)
+    out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down, platform=musa)
+    assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
