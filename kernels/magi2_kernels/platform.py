@@ -101,8 +101,8 @@ class Platform:
 # H200, balanced routing (numbers in docs/performance.md, section "Kernels (issue 15)").
 # W13 streams 32-wide weight n-blocks through TMA past a resident x tile; each program covers
 # all 1280 columns of its row tile (n_per_program 40), so x is gathered once per tile.
-HOPPER_W13 = GemmConfig(block_m=128, block_n=32, block_k=256, num_warps=8, num_stages=4, n_per_program=40)
-HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=5)
+HOPPER_W13 = GemmConfig(block_m=128, block_n=32, block_k=256, num_warps=8, num_stages=3, n_per_program=40)
+HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
 # Other CUDA GPUs: the smaller tiles vLLM-Omni 0.30.0 uses on pre-Blackwell parts.
 GENERIC_CUDA_W13 = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3)
 GENERIC_CUDA_W2 = GemmConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3)
