@@ -49,7 +49,11 @@ W13_SWEEP = [
     GemmConfig(128, 32, 256, 8, 2, 40), GemmConfig(128, 64, 256, 8, 3, 20), GemmConfig(128, 64, 256, 8, 2, 20),
     GemmConfig(64, 32, 256, 4, 3, 40), GemmConfig(64, 64, 256, 4, 3, 20), GemmConfig(128, 32, 128, 8, 3, 40),
     GemmConfig(128, 64, 128, 8, 3, 20), GemmConfig(128, 32, 256, 8, 3, 20), GemmConfig(128, 64, 256, 8, 2, 10),
-    GemmConfig(128, 32, 256, 8, 5, 40), GemmConfig(128, 32, 256, 8, 4, 20),
+    GemmConfig(128, 32, 256, 8, 4, 20),
+    # pair_dot: gate and up of block_n columns in one 2*block_n-wide dot (x tile read once per step).
+    GemmConfig(128, 64, 256, 8, 2, 20, True), GemmConfig(128, 32, 256, 8, 3, 40, True),
+    GemmConfig(128, 32, 256, 8, 4, 40, True), GemmConfig(128, 64, 256, 4, 2, 20, True),
+    GemmConfig(128, 128, 256, 8, 1, 10, True), GemmConfig(64, 64, 256, 4, 3, 20, True),
 ]
 W2_SWEEP = [
     GemmConfig(128, 256, 64, 8, 4), GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4),

@@ -45,7 +45,7 @@ def _w13_swiglu_kernel(
     NUM_EXPERTS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
     D_HEAD: tl.constexpr, D_EXPERT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_PER_PROGRAM: tl.constexpr,
-    USE_TMA: tl.constexpr, FAST_SIGMOID: tl.constexpr,
+    USE_TMA: tl.constexpr, FAST_SIGMOID: tl.constexpr, PAIR_DOT: tl.constexpr,
 ):
     """W13 + SwiGLU7 of one row tile over ``N_PER_PROGRAM`` n-blocks.
 
@@ -76,15 +76,27 @@ def _w13_swiglu_kernel(
         a = tl.load(x_rows[:, None] + offs_k[None, :] * stride_xd, mask=row_ok[:, None], other=0.0)
         for j in tl.range(0, N_PER_PROGRAM):
             n0 = (group * N_PER_PROGRAM + j) * BLOCK_N
-            if USE_TMA:
-                w_gate = w13_desc.load([w_row0, n0])
-                w_up = w13_desc.load([w_row0, D_EXPERT + n0])
+            if PAIR_DOT:
+                # Gate and up of these BLOCK_N columns as one [BLOCK_K, 2, BLOCK_N] block and one
+                # 2*BLOCK_N-wide dot: the resident x tile is read once per step, not twice.
+                if USE_TMA:
+                    w_pair = w13_desc.load([w_row0, 0, n0])
+                else:
+                    offs_two = tl.arange(0, 2)
+                    w_pair = tl.load(w_base + offs_k[:, None, None] * stride_wk + offs_two[None, :, None] * up_offset
+                                     + (n0 + offs_n)[None, None, :] * stride_wn)
+                both = tl.dot(a, tl.reshape(w_pair, (BLOCK_K, 2 * BLOCK_N)))
+                gate, up = tl.split(tl.permute(tl.reshape(both, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
             else:
-                w_ptrs = w_base + offs_k[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
-                w_gate = tl.load(w_ptrs)
-                w_up = tl.load(w_ptrs + up_offset)
-            gate = tl.dot(a, w_gate)
-            up = tl.dot(a, w_up)
+                if USE_TMA:
+                    w_gate = w13_desc.load([w_row0, n0])
+                    w_up = w13_desc.load([w_row0, D_EXPERT + n0])
+                else:
+                    w_ptrs = w_base + offs_k[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
+                    w_gate = tl.load(w_ptrs)
+                    w_up = tl.load(w_ptrs + up_offset)
+                gate = tl.dot(a, w_gate)
+                up = tl.dot(a, w_up)
             _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, n0 + offs_n, D_EXPERT, FAST_SIGMOID)
     else:
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -266,7 +278,14 @@ def launch(
     groups = d_expert // (cfg.block_n * n_per_program)
     # Launch bound without a host read: every expert adds at most one partial tile.
     grid13 = ((triton.cdiv(routes, cfg.block_m) + flat_experts) * groups,)
-    w13_desc = _descriptor(w13.view(flat_experts * d_head, 2 * d_expert), [cfg.block_k, cfg.block_n]) if tma else w13
+    if cfg.pair_dot and cfg.block_k != d_head:
+        raise ValueError(f"w13.pair_dot needs block_k == d_head (the resident x tile), got {cfg.block_k} != {d_head}")
+    if not tma:
+        w13_desc = w13
+    elif cfg.pair_dot:
+        w13_desc = _descriptor(w13.view(flat_experts * d_head, 2, d_expert), [cfg.block_k, 2, cfg.block_n])
+    else:
+        w13_desc = _descriptor(w13.view(flat_experts * d_head, 2 * d_expert), [cfg.block_k, cfg.block_n])
     _w13_swiglu_kernel[grid13](
         x, w13, w13_desc, hidden, gather_ids, offsets, prefix,
         x.stride(0), x.stride(1), x.stride(2),
@@ -274,7 +293,7 @@ def launch(
         experts_per_head,
         NUM_EXPERTS=flat_experts, SEARCH_STEPS=steps, D_HEAD=d_head, D_EXPERT=d_expert,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, N_PER_PROGRAM=n_per_program,
-        USE_TMA=tma, FAST_SIGMOID=fast_sigmoid,
+        USE_TMA=tma, FAST_SIGMOID=fast_sigmoid, PAIR_DOT=cfg.pair_dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 

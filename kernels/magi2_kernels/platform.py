@@ -25,6 +25,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     n_per_program: int = 1  # W13 only: n-blocks one program walks (its x tile stays hot)
+    pair_dot: bool = False  # W13 only, block_k == d_head: gate and up in one 2*block_n-wide dot
 
     def fitted(self, k_dim: int, n_dim: int) -> GemmConfig:
         """This config with ``block_k``/``block_n`` halved until they divide ``k_dim``/``n_dim``.
@@ -49,6 +50,7 @@ class GemmConfig:
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
             "n_per_program": self.n_per_program,
+            "pair_dot": self.pair_dot,
         }
 
 
@@ -102,7 +104,7 @@ class Platform:
 # W13 streams 32-wide weight n-blocks through TMA past a resident x tile; each program covers
 # all 1280 columns of its row tile (n_per_program 40), so x is gathered once per tile.
 HOPPER_W13 = GemmConfig(block_m=128, block_n=32, block_k=256, num_warps=8, num_stages=3, n_per_program=40)
-HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
+HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
 # Other CUDA GPUs: the smaller tiles vLLM-Omni 0.30.0 uses on pre-Blackwell parts.
 GENERIC_CUDA_W13 = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3)
 GENERIC_CUDA_W2 = GemmConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3)

@@ -161,9 +161,10 @@ def test_musa_refuses_atomics(gen):
                         platform=musa)
 
 
-@pytest.mark.parametrize("block_k", [64, 32], ids=["resident-x", "flattened-k"])
+@pytest.mark.parametrize("block_k,pair_dot", [(64, False), (32, False), (64, True)],
+                         ids=["resident-x", "flattened-k", "resident-x-pair-dot"])
 @pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "deterministic"])
-def test_tma_path_matches_fp64(gen, poison, atomic, block_k):
+def test_tma_path_matches_fp64(gen, poison, atomic, block_k, pair_dot):
     """Hopper's descriptor loads (W13 weights, W2 hidden rows and weights) under the interpreter.
 
     A W2 tile's descriptor load reads past its expert's rows (and past the last route: zero
@@ -178,7 +179,7 @@ def test_tma_path_matches_fp64(gen, poison, atomic, block_k):
     tma = replace(current_platform(), tma=True)
     x, routes, w13, w_down, _ = make_problem(gen, 45, 3, 8, 64, 128, 2, torch.float32, hot=3.0)
     out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down,
-                          atomic=atomic, platform=tma, w13_config=GemmConfig(16, 32, block_k, 4, 1, 2),
+                          atomic=atomic, platform=tma, w13_config=GemmConfig(16, 32, block_k, 4, 1, 2, pair_dot),
                           w2_config=GemmConfig(16, 32, 32, 4, 1))
     assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
 
@@ -195,3 +196,16 @@ def test_musa_portable_path_matches_fp64(gen, poison):
     x, routes, w13, w_down, _ = make_problem(gen, 27, 2, 8, 64, 128, 2, torch.float32)
     out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down, platform=musa)
     assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
+
+
+def test_pair_dot_matches_fp64(gen, poison):
+    """W13 gate and up in one dot (pointer loads), and its refusal outside the resident-x path."""
+
+    from magi2_kernels.platform import GemmConfig
+
+    x, routes, w13, w_down, _ = make_problem(gen, 33, 2, 8, 64, 128, 2, torch.float32)
+    args = (x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down)
+    out = moe.moe_experts(*args, w13_config=GemmConfig(16, 32, 64, 4, 1, 2, True))
+    assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
+    with pytest.raises(ValueError, match="pair_dot needs block_k == d_head"):
+        moe.moe_experts(*args, w13_config=GemmConfig(16, 32, 32, 4, 1, 2, True))
