@@ -52,6 +52,8 @@ def _w13_swiglu_kernel(
     ``USE_TMA`` (Hopper): the weight blocks come through ``w13_desc``, a descriptor over W13 seen
     as ``[experts * d_head, 2 * d_expert]`` (gate columns first, up columns after); otherwise
     through pointers. Both branches are constexpr, so Triton without descriptors never sees one.
+    ``PAIR_DOT`` (resident x only): gate and up of a block in one dot, the descriptor then 3-D,
+    ``[experts * d_head, 2, d_expert]``; swept on the H200 without a gain, off by default.
     """
 
     N_GROUPS: tl.constexpr = D_EXPERT // (BLOCK_N * N_PER_PROGRAM)
