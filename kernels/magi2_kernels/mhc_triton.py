@@ -101,7 +101,7 @@ def _pre_kernel(
 def _logits_partial_kernel(
     x_ptr, modality_ptr, phi_ptr, partial_ptr, sumsq_ptr,
     tokens, stride_xt, stride_phim,
-    STREAM_WIDTH: tl.constexpr, N_PAD: tl.constexpr, MULTI_MODAL: tl.constexpr,
+    STREAM_WIDTH: tl.constexpr, N_PAD: tl.constexpr, MULTI_MODAL: tl.constexpr, NUM_MODALITIES: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Partial ``x[:, stream] @ phi_m[stream]`` and sum of squares for one (token block, stream).
@@ -128,17 +128,21 @@ def _logits_partial_kernel(
         last = 0
     acc = tl.zeros((BLOCK_T, N_PAD), dtype=tl.float32)
     sumsq = tl.zeros((BLOCK_T,), dtype=tl.float32)
-    for m in range(first, last + 1):
-        acc_m = tl.zeros((BLOCK_T, N_PAD), dtype=tl.float32)
-        sumsq = tl.zeros((BLOCK_T,), dtype=tl.float32)
-        phi_rows = phi_ptr + m * stride_phim
-        for k0 in tl.range(stream * STREAM_WIDTH, (stream + 1) * STREAM_WIDTH, BLOCK_K):
-            x = tl.load(x_ptr + t64[:, None] * stride_xt + (k0 + k)[None, :], mask=t_ok[:, None], other=0.0)
-            x = x.to(tl.float32)
-            sumsq += tl.sum(x * x, axis=1)
-            acc_m = tl.dot(x, tl.load(phi_rows + (k0 + k)[:, None] * N_PAD + n[None, :]), acc_m,
-                           input_precision=DOT_PRECISION)
-        acc = tl.where((modality == m)[:, None], acc_m, acc)
+    x_rows = x_ptr + t64[:, None] * stride_xt + stream * STREAM_WIDTH + k[None, :]
+    # Loop bounds are constexpr and the modality test a scalar branch: a loop bounded by loaded
+    # values needs int() of a 1-element array in Triton <= 3.6's interpreter, which numpy 2.4
+    # refuses ("only 0-dimensional arrays can be converted to Python scalars").
+    for m in tl.static_range(NUM_MODALITIES):
+        if (m >= first) & (m <= last):
+            acc_m = tl.zeros((BLOCK_T, N_PAD), dtype=tl.float32)
+            sumsq = tl.zeros((BLOCK_T,), dtype=tl.float32)
+            phi_rows = phi_ptr + m * stride_phim + stream * STREAM_WIDTH * N_PAD
+            for k0 in tl.range(0, STREAM_WIDTH, BLOCK_K):
+                x = tl.load(x_rows + k0, mask=t_ok[:, None], other=0.0).to(tl.float32)
+                sumsq += tl.sum(x * x, axis=1)
+                acc_m = tl.dot(x, tl.load(phi_rows + (k0 + k)[:, None] * N_PAD + n[None, :]), acc_m,
+                               input_precision=DOT_PRECISION)
+            acc = tl.where((modality == m)[:, None], acc_m, acc)
     out = (stream * tokens + t64)
     tl.store(partial_ptr + out[:, None] * N_PAD + n[None, :], acc, mask=t_ok[:, None])
     tl.store(sumsq_ptr + out, sumsq, mask=t_ok)
@@ -244,7 +248,7 @@ def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_p
     _logits_partial_kernel[(triton.cdiv(tokens, block_t), num_streams)](
         flattened, modality_ids if multi else phi_m, phi_m, partial, sumsq,
         tokens, flattened.stride(0), phi_m.stride(0),
-        STREAM_WIDTH=stream_width, N_PAD=n_pad, MULTI_MODAL=multi,
+        STREAM_WIDTH=stream_width, N_PAD=n_pad, MULTI_MODAL=multi, NUM_MODALITIES=weight.shape[0] if multi else 1,
         BLOCK_T=block_t, BLOCK_K=block_k, DOT_PRECISION=dot_precision, num_warps=4, num_stages=3,
     )
     _logits_combine_kernel[(triton.cdiv(tokens, 128),)](

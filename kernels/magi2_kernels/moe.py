@@ -6,9 +6,9 @@ Two launches, each a grouped GEMM over the CSR route layout from :mod:`magi2_ker
    gate and up halves in two separate fp32 accumulators (the blog's #8855 split), and applies the
    clamped SwiGLU7 epilogue in registers; only the activated hidden row (bf16) is stored.
 2. ``_w2_scatter_kernel`` runs W2 on those hidden rows, scales by the routing probability and
-   either atomically adds into an fp32 ``[tokens, heads, 256]`` buffer (atomic variant) or stores
-   the per-route rows in route order for ``_combine_kernel`` to sum per (token, head) in a fixed
-   order (deterministic variant: no atomics, bit-identical run to run).
+   either stores the per-route rows in route order for ``_combine_kernel`` to sum per (token,
+   head) in a fixed order (the default, deterministic variant: no atomics, bit-identical run to
+   run) or atomically adds into an fp32 ``[tokens, heads, 256]`` buffer (``atomic=True``).
 
 Why two launches and not one: a single kernel must keep a ``[BLOCK_M, 256]`` fp32 W2 accumulator
 live next to the W13 accumulators and serialises the two GEMMs inside every program, which is how
@@ -104,7 +104,7 @@ def moe_experts(
     w13: torch.Tensor,
     w_down: torch.Tensor,
     *,
-    deterministic: bool = False,
+    atomic: bool = False,
     platform: Platform | None = None,
     w13_config: GemmConfig | None = None,
     w2_config: GemmConfig | None = None,
@@ -115,9 +115,16 @@ def moe_experts(
     ``head * experts + e``), ``slots[heads, tokens, top_k]`` each (head, token)'s route rows (used
     by the deterministic combine). ``w13`` comes from :func:`pack_w13`, ``w_down`` is
     ``[experts, d_expert, d_head]``. Nothing is read back to the host.
+
+    The default is the deterministic path (per-route rows, fixed-order combine: bit-identical
+    run to run, and faster than the atomic one on the H200). ``atomic=True`` asks for the fp32
+    atomic scatter; a platform without it (MUSA: no bf16 atomics) refuses.
     """
 
     platform = platform or current_platform()
+    if atomic and not platform.atomic_moe:
+        raise ValueError(f"atomic: the {platform.name} platform has no atomic MoE scatter. Fix: leave atomic=False "
+                         "(the deterministic combine)")
     if not platform.triton:
         return reference_moe(x, gather_ids, probs, offsets, w13, w_down)
     from . import moe_triton
@@ -130,10 +137,12 @@ def moe_experts(
         slots,
         w13,
         w_down,
-        deterministic=deterministic or not platform.atomic_moe,
+        deterministic=not atomic,
         w13_config=(w13_config or platform.w13).fitted(x.shape[-1], w_down.shape[1]),
         w2_config=(w2_config or platform.w2).fitted(w_down.shape[1], x.shape[-1]),
         tile_prefix=_tile_prefix,
+        tma=platform.tma,
+        fast_sigmoid=platform.fast_sigmoid,
     )
 
 

@@ -33,19 +33,29 @@ def _tile_rows(offsets_ptr, prefix_ptr, tile, NUM_EXPERTS: tl.constexpr, SEARCH_
     row0 = tl.load(offsets_ptr + expert) + (tile - tl.load(prefix_ptr + expert)) * BLOCK_M
     rows = row0 + tl.arange(0, BLOCK_M)
     row_ok = rows < tl.load(offsets_ptr + expert + 1)
-    return expert, rows, row_ok
+    return expert, row0, rows, row_ok
 
 
 @triton.jit
 def _w13_swiglu_kernel(
-    x_ptr, w13_ptr, hidden_ptr, gather_ptr, offsets_ptr, prefix_ptr,
+    x_ptr, w13_ptr, w13_desc, hidden_ptr, gather_ptr, offsets_ptr, prefix_ptr,
     stride_xt, stride_xh, stride_xd,
     stride_we, stride_wk, stride_wn, up_offset,
     experts_per_head,
     NUM_EXPERTS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
     D_HEAD: tl.constexpr, D_EXPERT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_PER_PROGRAM: tl.constexpr,
+    USE_TMA: tl.constexpr, FAST_SIGMOID: tl.constexpr, PAIR_DOT: tl.constexpr,
 ):
+    """W13 + SwiGLU7 of one row tile over ``N_PER_PROGRAM`` n-blocks.
+
+    ``USE_TMA`` (Hopper): the weight blocks come through ``w13_desc``, a descriptor over W13 seen
+    as ``[experts * d_head, 2 * d_expert]`` (gate columns first, up columns after); otherwise
+    through pointers. Both branches are constexpr, so Triton without descriptors never sees one.
+    ``PAIR_DOT`` (resident x only): gate and up of a block in one dot, the descriptor then 3-D,
+    ``[experts * d_head, 2, d_expert]``; swept on the H200 without a gain, off by default.
+    """
+
     N_GROUPS: tl.constexpr = D_EXPERT // (BLOCK_N * N_PER_PROGRAM)
     K_STEPS: tl.constexpr = D_HEAD // BLOCK_K
     pid = tl.program_id(0)
@@ -53,11 +63,12 @@ def _w13_swiglu_kernel(
     group = pid % N_GROUPS
     if tile >= tl.load(prefix_ptr + NUM_EXPERTS):
         return
-    expert, rows, row_ok = _tile_rows(offsets_ptr, prefix_ptr, tile, NUM_EXPERTS, SEARCH_STEPS, BLOCK_M)
+    expert, _, rows, row_ok = _tile_rows(offsets_ptr, prefix_ptr, tile, NUM_EXPERTS, SEARCH_STEPS, BLOCK_M)
     head = expert // experts_per_head
     tokens = tl.load(gather_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     x_rows = x_ptr + tokens * stride_xt + head * stride_xh
     w_base = w13_ptr + expert.to(tl.int64) * stride_we
+    w_row0 = expert * D_HEAD
     offs_k = tl.arange(0, BLOCK_K)
     offs_n = tl.arange(0, BLOCK_N)
     rows64 = rows.to(tl.int64)
@@ -67,10 +78,28 @@ def _w13_swiglu_kernel(
         a = tl.load(x_rows[:, None] + offs_k[None, :] * stride_xd, mask=row_ok[:, None], other=0.0)
         for j in tl.range(0, N_PER_PROGRAM):
             n0 = (group * N_PER_PROGRAM + j) * BLOCK_N
-            w_ptrs = w_base + offs_k[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
-            gate = tl.dot(a, tl.load(w_ptrs))
-            up = tl.dot(a, tl.load(w_ptrs + up_offset))
-            _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, n0 + offs_n, D_EXPERT)
+            if PAIR_DOT:
+                # Gate and up of these BLOCK_N columns as one [BLOCK_K, 2, BLOCK_N] block and one
+                # 2*BLOCK_N-wide dot: the resident x tile is read once per step, not twice.
+                if USE_TMA:
+                    w_pair = w13_desc.load([w_row0, 0, n0])
+                else:
+                    offs_two = tl.arange(0, 2)
+                    w_pair = tl.load(w_base + offs_k[:, None, None] * stride_wk + offs_two[None, :, None] * up_offset
+                                     + (n0 + offs_n)[None, None, :] * stride_wn)
+                both = tl.dot(a, tl.reshape(w_pair, (BLOCK_K, 2 * BLOCK_N)))
+                gate, up = tl.split(tl.permute(tl.reshape(both, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+            else:
+                if USE_TMA:
+                    w_gate = w13_desc.load([w_row0, n0])
+                    w_up = w13_desc.load([w_row0, D_EXPERT + n0])
+                else:
+                    w_ptrs = w_base + offs_k[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
+                    w_gate = tl.load(w_ptrs)
+                    w_up = tl.load(w_ptrs + up_offset)
+                gate = tl.dot(a, w_gate)
+                up = tl.dot(a, w_up)
+            _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, n0 + offs_n, D_EXPERT, FAST_SIGMOID)
     else:
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -80,46 +109,65 @@ def _w13_swiglu_kernel(
             k0 = (step % K_STEPS) * BLOCK_K
             n0 = (group * N_PER_PROGRAM + step // K_STEPS) * BLOCK_N
             a = tl.load(x_rows[:, None] + (k0 + offs_k)[None, :] * stride_xd, mask=row_ok[:, None], other=0.0)
-            w_ptrs = w_base + (k0 + offs_k)[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
-            gate = tl.dot(a, tl.load(w_ptrs), gate)
-            up = tl.dot(a, tl.load(w_ptrs + up_offset), up)
+            if USE_TMA:
+                w_gate = w13_desc.load([w_row0 + k0, n0])
+                w_up = w13_desc.load([w_row0 + k0, D_EXPERT + n0])
+            else:
+                w_ptrs = w_base + (k0 + offs_k)[:, None] * stride_wk + (n0 + offs_n)[None, :] * stride_wn
+                w_gate = tl.load(w_ptrs)
+                w_up = tl.load(w_ptrs + up_offset)
+            gate = tl.dot(a, w_gate, gate)
+            up = tl.dot(a, w_up, up)
             if step % K_STEPS == K_STEPS - 1:
-                _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, n0 + offs_n, D_EXPERT)
+                _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, n0 + offs_n, D_EXPERT, FAST_SIGMOID)
                 gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit
-def _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, cols, D_EXPERT: tl.constexpr):
+def _swiglu7_store(gate, up, hidden_ptr, rows64, row_ok, cols, D_EXPERT: tl.constexpr, FAST_SIGMOID: tl.constexpr):
     """Clamped SwiGLU7 on the two fp32 accumulators, in registers; stores the hidden tile."""
 
     g = tl.minimum(gate, 7.0)
     u = tl.minimum(tl.maximum(up, -7.0), 7.0)
-    # sigmoid via the approximate divide (div.full.f32, 2 ulp): the result is rounded to bf16
-    # next, and the IEEE divide is the epilogue's most expensive instruction.
-    h = tl.fdiv(g * (u + 1.0), 1.0 + tl.exp(-1.702 * g), ieee_rounding=False)
+    if FAST_SIGMOID:
+        # sigmoid(1.702 g) = (1 + tanh(0.851 g)) / 2 through one MUFU tanh.approx (NVIDIA only):
+        # one SFU op instead of exp + divide; its ~2^-11 relative error is under bf16's rounding.
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [0.851 * g], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+        h = 0.5 * g * (u + 1.0) * (1.0 + t)
+    else:
+        # sigmoid via the approximate divide (div.full.f32, 2 ulp): the result is rounded to bf16
+        # next, and the IEEE divide is the epilogue's most expensive instruction.
+        h = tl.fdiv(g * (u + 1.0), 1.0 + tl.exp(-1.702 * g), ieee_rounding=False)
     tl.store(hidden_ptr + rows64[:, None] * D_EXPERT + cols[None, :], h.to(hidden_ptr.dtype.element_ty),
              mask=row_ok[:, None])
 
 
 @triton.jit
 def _w2_scatter_kernel(
-    hidden_ptr, w2_ptr, out_ptr, gather_ptr, probs_ptr, offsets_ptr, prefix_ptr,
+    hidden_ptr, hidden_desc, w2_ptr, w2_desc, out_ptr, gather_ptr, probs_ptr, offsets_ptr, prefix_ptr,
     stride_we, stride_wk, stride_wn,
     stride_ot, stride_oh,
     experts_per_head,
     NUM_EXPERTS: tl.constexpr, SEARCH_STEPS: tl.constexpr,
     D_HEAD: tl.constexpr, D_EXPERT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ATOMIC: tl.constexpr,
+    ATOMIC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
+    """W2 of one row tile, scaled by the routing probability; atomic scatter or per-route rows.
+
+    ``USE_TMA`` (Hopper): hidden rows and W2 blocks come through descriptors. A tile's last rows
+    may belong to the next expert (or lie past the end, zero-filled); the stores mask them.
+    """
+
     N_BLOCKS: tl.constexpr = D_HEAD // BLOCK_N
     pid = tl.program_id(0)
     tile = pid // N_BLOCKS
     n0 = (pid % N_BLOCKS) * BLOCK_N
     if tile >= tl.load(prefix_ptr + NUM_EXPERTS):
         return
-    expert, rows, row_ok = _tile_rows(offsets_ptr, prefix_ptr, tile, NUM_EXPERTS, SEARCH_STEPS, BLOCK_M)
+    expert, row0, rows, row_ok = _tile_rows(offsets_ptr, prefix_ptr, tile, NUM_EXPERTS, SEARCH_STEPS, BLOCK_M)
     rows64 = rows.to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -127,8 +175,12 @@ def _w2_scatter_kernel(
     w_base = w2_ptr + expert.to(tl.int64) * stride_we
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in tl.range(0, D_EXPERT, BLOCK_K):
-        a = tl.load(a_rows[:, None] + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
-        b = tl.load(w_base + (k0 + offs_k)[:, None] * stride_wk + offs_n[None, :] * stride_wn)
+        if USE_TMA:
+            a = hidden_desc.load([row0.to(tl.int32), k0])  # descriptors take int32 offsets
+            b = w2_desc.load([expert * D_EXPERT + k0, n0])
+        else:
+            a = tl.load(a_rows[:, None] + (k0 + offs_k)[None, :], mask=row_ok[:, None], other=0.0)
+            b = tl.load(w_base + (k0 + offs_k)[:, None] * stride_wk + offs_n[None, :] * stride_wn)
         acc = tl.dot(a, b, acc)
     acc = acc * tl.load(probs_ptr + rows, mask=row_ok, other=0.0)[:, None]
     if ATOMIC:
@@ -164,6 +216,14 @@ def _combine_kernel(
     tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=t_ok[:, None])
 
 
+def _descriptor(tensor: torch.Tensor, block_shape: list[int]):
+    """A host-side TMA descriptor (Triton >= 3.4; only reached where ``Platform.tma`` is true)."""
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(tensor, block_shape)
+
+
 def _search_steps(num_experts: int) -> int:
     return max(1, math.ceil(math.log2(max(num_experts, 2)))) + 1
 
@@ -188,6 +248,8 @@ def launch(
     w13_config: GemmConfig,
     w2_config: GemmConfig,
     tile_prefix: Callable[[torch.Tensor, int], torch.Tensor],
+    tma: bool,
+    fast_sigmoid: bool,
 ) -> torch.Tensor:
     tokens, heads, d_head = x.shape
     flat_experts = offsets.numel() - 1
@@ -210,6 +272,7 @@ def launch(
     experts_per_head = flat_experts // heads
     steps = _search_steps(flat_experts)
     hidden = torch.empty(routes, d_expert, device=x.device, dtype=w_down.dtype)
+    tma = tma and w13.is_contiguous() and w_down.is_contiguous()
 
     cfg = w13_config
     prefix = tile_prefix(offsets, cfg.block_m)
@@ -217,13 +280,22 @@ def launch(
     groups = d_expert // (cfg.block_n * n_per_program)
     # Launch bound without a host read: every expert adds at most one partial tile.
     grid13 = ((triton.cdiv(routes, cfg.block_m) + flat_experts) * groups,)
+    if cfg.pair_dot and cfg.block_k != d_head:
+        raise ValueError(f"w13.pair_dot needs block_k == d_head (the resident x tile), got {cfg.block_k} != {d_head}")
+    if not tma:
+        w13_desc = w13
+    elif cfg.pair_dot:
+        w13_desc = _descriptor(w13.view(flat_experts * d_head, 2, d_expert), [cfg.block_k, 2, cfg.block_n])
+    else:
+        w13_desc = _descriptor(w13.view(flat_experts * d_head, 2 * d_expert), [cfg.block_k, cfg.block_n])
     _w13_swiglu_kernel[grid13](
-        x, w13, hidden, gather_ids, offsets, prefix,
+        x, w13, w13_desc, hidden, gather_ids, offsets, prefix,
         x.stride(0), x.stride(1), x.stride(2),
         w13.stride(0), w13.stride(1), w13.stride(3), w13.stride(2),
         experts_per_head,
         NUM_EXPERTS=flat_experts, SEARCH_STEPS=steps, D_HEAD=d_head, D_EXPERT=d_expert,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, N_PER_PROGRAM=n_per_program,
+        USE_TMA=tma, FAST_SIGMOID=fast_sigmoid, PAIR_DOT=cfg.pair_dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -238,13 +310,18 @@ def launch(
     else:
         routed = torch.zeros(tokens, heads, d_head, device=x.device, dtype=torch.float32)
         out_stride_t, out_stride_h = routed.stride(0), routed.stride(1)
+    if tma:
+        hidden_desc = _descriptor(hidden, [cfg.block_m, cfg.block_k])
+        w2_desc = _descriptor(w_down.view(flat_experts * d_expert, d_head), [cfg.block_k, cfg.block_n])
+    else:
+        hidden_desc, w2_desc = hidden, w_down
     _w2_scatter_kernel[grid2](
-        hidden, w_down, routed, gather_ids, probs, offsets, prefix,
+        hidden, hidden_desc, w_down, w2_desc, routed, gather_ids, probs, offsets, prefix,
         w_down.stride(0), w_down.stride(1), w_down.stride(2),
         out_stride_t, out_stride_h,
         experts_per_head,
         NUM_EXPERTS=flat_experts, SEARCH_STEPS=steps, D_HEAD=d_head, D_EXPERT=d_expert,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ATOMIC=not deterministic,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, ATOMIC=not deterministic, USE_TMA=tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not deterministic:

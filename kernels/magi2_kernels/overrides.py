@@ -213,6 +213,14 @@ def _deterministic() -> bool:
     return os.environ.get("MAGI2_DETERMINISTIC", "0") == "1"
 
 
+def _atomic_moe() -> bool:
+    """Our MoE takes the atomic scatter only when asked (``MAGI2_MOE_ATOMIC=1``), never under
+    ``MAGI2_DETERMINISTIC=1`` nor on a platform without atomics: deterministic is the default."""
+
+    return (os.environ.get("MAGI2_MOE_ATOMIC", "0") == "1" and not _deterministic()
+            and (_platform or current_platform()).atomic_moe)
+
+
 def packed_w13(module) -> torch.Tensor:
     """The module's W13 in the kernel layout; the first call packs it and rebinds W_gate/W_up as views."""
 
@@ -260,7 +268,7 @@ def _moe_local_forward(self, x_heads: torch.Tensor) -> torch.Tensor:
         if slots is None:
             slots = routing.slots_from_csr(gather_ids, offsets, self.local_num_heads, x_heads.shape[0], self.top_k)
         return moe.moe_experts(x_heads, gather_ids, probs, offsets, slots, packed_w13(self), self.W_down,
-                               deterministic=_deterministic(), platform=_platform)
+                               atomic=_atomic_moe(), platform=_platform)
     if x_heads.is_cuda:  # upstream's own dispatch, unchanged
         return mh_moe.triton_mh_moe_forward(x_heads, gather_ids, probs, offsets, self.W_gate, self.W_up,
                                             self.W_down, deterministic=_deterministic())

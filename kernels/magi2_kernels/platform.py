@@ -25,6 +25,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     n_per_program: int = 1  # W13 only: n-blocks one program walks (its x tile stays hot)
+    pair_dot: bool = False  # W13 only, block_k == d_head: gate and up in one 2*block_n-wide dot
 
     def fitted(self, k_dim: int, n_dim: int) -> GemmConfig:
         """This config with ``block_k``/``block_n`` halved until they divide ``k_dim``/``n_dim``.
@@ -49,6 +50,7 @@ class GemmConfig:
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
             "n_per_program": self.n_per_program,
+            "pair_dot": self.pair_dot,
         }
 
 
@@ -58,10 +60,17 @@ class Platform:
 
     ``name`` is ``cuda``, ``musa`` or ``cpu``. ``triton`` says whether the Triton kernels
     run (a GPU, or the CPU under ``TRITON_INTERPRET=1``); when it is false the PyTorch
-    references run instead. ``atomic_moe`` is false on MUSA, which always takes the
-    non-atomic MoE path (blog section 3.1). ``dot_precision`` is the precision of fp32
-    ``tl.dot`` (routing logits, mHC projection): ``tf32x3`` on NVIDIA tensor cores keeps
-    fp32-level error, the interpreter computes in numpy fp32 (``ieee``).
+    references run instead. ``atomic_moe`` says whether the atomic MoE scatter may be asked
+    for: false on MUSA (no bf16 atomics, blog section 3.1); the default everywhere is the
+    deterministic fixed-order combine, which is also the faster one on the H200.
+    ``dot_precision`` is the precision of fp32 ``tl.dot`` (routing logits, mHC projection):
+    ``tf32x3`` on NVIDIA tensor cores keeps fp32-level error, the interpreter computes in numpy
+    fp32 (``ieee``).
+
+    Hopper-only features are flags here, so every other platform (MUSA's Triton 3.2 among them)
+    compiles the portable path: ``tma`` streams the MoE weights through tensor descriptors
+    (``triton.tools.tensor_descriptor``, Triton >= 3.4), ``fast_sigmoid`` takes SwiGLU7's
+    sigmoid through one ``tanh.approx.f32`` (inline PTX, NVIDIA only).
     """
 
     name: str
@@ -72,6 +81,8 @@ class Platform:
     w2: GemmConfig
     dot_precision: str
     capability: tuple[int, int] | None = None
+    tma: bool = False
+    fast_sigmoid: bool = False
 
     def describe(self) -> dict[str, object]:
         return {
@@ -83,17 +94,22 @@ class Platform:
             "w2": self.w2.as_dict(),
             "dot_precision": self.dot_precision,
             "capability": self.capability,
+            "tma": self.tma,
+            "fast_sigmoid": self.fast_sigmoid,
         }
 
 
 # Hopper (H100/H200): chosen by the config sweep in scripts/bench_kernels.py on the lent
-# H200 (numbers in docs/performance.md, section "Kernels (issue 3)").
-HOPPER_W13 = GemmConfig(block_m=128, block_n=64, block_k=256, num_warps=8, num_stages=2, n_per_program=10)
-HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
+# H200, balanced routing (numbers in docs/performance.md, section "Kernels (issue 15)").
+# W13 streams 32-wide weight n-blocks through TMA past a resident x tile; each program covers
+# all 1280 columns of its row tile (n_per_program 40), so x is gathered once per tile.
+HOPPER_W13 = GemmConfig(block_m=128, block_n=32, block_k=256, num_warps=8, num_stages=3, n_per_program=40)
+HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
 # Other CUDA GPUs: the smaller tiles vLLM-Omni 0.30.0 uses on pre-Blackwell parts.
 GENERIC_CUDA_W13 = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3)
 GENERIC_CUDA_W2 = GemmConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3)
-# MUSA: the seed's settings (BLOCK_SIZE_K=64, num_warps=16, num_stages=1; 128x128 tiles).
+# MUSA: the seed's settings (BLOCK_SIZE_K=64, num_warps=16, num_stages=1; 128x128 tiles), the
+# portable path (no TMA, no inline PTX, no atomics) that Moore Threads' Triton 3.2 compiles.
 MUSA_W13 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=16, num_stages=1)
 MUSA_W2 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=16, num_stages=1)
 # Interpreter: small tiles so CPU tests exercise several tiles and partial blocks.
@@ -107,6 +123,12 @@ def _musa_present() -> bool:
     return getattr(torch.version, "musa", None) is not None
 
 
+def _tensor_descriptors_present() -> bool:
+    """Host-side TMA descriptors (``triton.tools.tensor_descriptor``): Triton >= 3.4."""
+
+    return importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
+
+
 def detect_platform() -> Platform:
     """Detect the platform of this process (uncached; see :func:`current_platform`)."""
 
@@ -117,6 +139,7 @@ def detect_platform() -> Platform:
     if torch.cuda.is_available() and not interpreter:
         major, minor = torch.cuda.get_device_capability()
         hopper = major == 9
+        tma = hopper and triton_installed and _tensor_descriptors_present()
         return Platform(
             "cuda",
             triton_installed,
@@ -126,6 +149,8 @@ def detect_platform() -> Platform:
             HOPPER_W2 if hopper else GENERIC_CUDA_W2,
             "tf32x3",
             capability=(major, minor),
+            tma=tma,
+            fast_sigmoid=True,
         )
     return Platform("cpu", interpreter and triton_installed, interpreter, True, INTERPRETER_W13, INTERPRETER_W2, "ieee")
 

@@ -13,37 +13,46 @@ def _topk_kernel(
     tokens, stride_xt, stride_xh, stride_xd,
     route_scale, norm_eps,
     HAS_BIAS: tl.constexpr, ROUTE_NORM: tl.constexpr,
-    D: tl.constexpr, E: tl.constexpr, LOG2_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    D: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr, LOG2_E_PAD: tl.constexpr, TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """Logits, sigmoid, biased top-k, norm for one (token block, head).
+
+    The expert axis is padded to ``E_PAD >= 16`` (Triton 3.2's ``tl.dot`` needs N >= 16; the
+    model's E is 256); padded experts get -inf selection scores and are never picked.
+    """
+
     head = tl.program_id(1)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < tokens
-    e = tl.arange(0, E)
+    e = tl.arange(0, E_PAD)
+    e_ok = e < E
     d = tl.arange(0, BLOCK_D)
     x_rows = x_ptr + t.to(tl.int64) * stride_xt + head * stride_xh
     gate_rows = gate_ptr + (head * E + e).to(tl.int64) * D
-    logits = tl.zeros((BLOCK_T, E), dtype=tl.float32)
+    logits = tl.zeros((BLOCK_T, E_PAD), dtype=tl.float32)
     for d0 in tl.range(0, D, BLOCK_D):
         xd = tl.load(x_rows[:, None] + (d0 + d)[None, :] * stride_xd, mask=t_ok[:, None], other=0.0).to(tl.float32)
-        w = tl.load(gate_rows[:, None] + (d0 + d)[None, :])  # [E, BLOCK_D]: coalesced along d
+        w = tl.load(gate_rows[:, None] + (d0 + d)[None, :], mask=e_ok[:, None], other=0.0)  # [E, BLOCK_D]
         logits = tl.dot(xd, tl.trans(w), logits, input_precision=DOT_PRECISION)
     scores = tl.sigmoid(logits)
     selection = scores
     if HAS_BIAS:
-        selection = selection + tl.load(bias_ptr + head * E + e)[None, :]
+        selection = selection + tl.load(bias_ptr + head * E + e, mask=e_ok, other=0.0)[None, :]
+    if E_PAD != E:
+        selection = tl.where(e_ok[None, :], selection, float("-inf"))
     # One max-reduction per pick: the selection score's bits, made order-preserving as an
     # integer, shifted above the complemented expert index (so ties pick the lowest index).
     bits = selection.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-    keys = (ordered << LOG2_E) | (E - 1 - e)[None, :]
+    keys = (ordered << LOG2_E_PAD) | (E_PAD - 1 - e)[None, :]
     kk = tl.arange(0, K_PAD)
     top_ids = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
     top_probs = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
     for k in tl.static_range(TOP_K):
         best = tl.max(keys, axis=1)
-        pick = (E - 1 - (best & (E - 1))).to(tl.int32)
-        value_bits = (best >> LOG2_E).to(tl.int32)
+        pick = (E_PAD - 1 - (best & (E_PAD - 1))).to(tl.int32)
+        value_bits = (best >> LOG2_E_PAD).to(tl.int32)
         value = tl.where(value_bits >= 0, value_bits, value_bits ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
         if HAS_BIAS:  # the bias only selects; the probability is the plain score
             value = value - tl.load(bias_ptr + head * E + pick)
@@ -102,12 +111,14 @@ def topk(
     key_dtype = torch.int16 if heads * num_experts < torch.iinfo(torch.int16).max else torch.int32
     keys = torch.empty(heads * tokens * top_k, device=gate.device, dtype=key_dtype)
     bias = expert_bias.reshape(heads, num_experts).float().contiguous() if expert_bias is not None else gate
+    e_pad = max(16, num_experts)
     _topk_kernel[(triton.cdiv(tokens, block_t), heads)](
         x_heads, gate, bias, ids, probs, keys,
         tokens, x_heads.stride(0), x_heads.stride(1), x_heads.stride(2),
         float(route_scale), float(norm_eps),
         HAS_BIAS=expert_bias is not None, ROUTE_NORM=route_norm,
-        D=d, E=num_experts, LOG2_E=num_experts.bit_length() - 1, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+        D=d, E=num_experts, E_PAD=e_pad, LOG2_E_PAD=e_pad.bit_length() - 1, TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k),
         BLOCK_T=block_t, BLOCK_D=min(32, d), DOT_PRECISION=dot_precision,
         num_warps=num_warps,
     )

@@ -83,9 +83,10 @@ def test_overrides_match_upstream_and_are_deterministic(restore_upstream, monkey
         real_launch = moe_triton.launch
         monkeypatch.setattr(moe_triton, "launch", lambda *a, **k: launches.append(k["deterministic"]) or
                             real_launch(*a, **k))
+        monkeypatch.setenv("MAGI2_MOE_ATOMIC", "1")
         ours = model(*args)
-        monkeypatch.setenv("MAGI2_DETERMINISTIC", "1")
-        first, second = model(*args), model(*args)
+        monkeypatch.delenv("MAGI2_MOE_ATOMIC")
+        first, second = model(*args), model(*args)  # the default: deterministic
     assert launches == [False, True, True]  # the MoE layer went through our kernel, both variants
     assert torch.isfinite(expected).all() and expected.abs().max() > 0
     assert rel_err(ours, expected) <= 1e-4

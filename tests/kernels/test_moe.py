@@ -40,16 +40,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("tokens,heads,experts,d_head,d_expert,top_k,hot", CASES)
-def test_moe_fp32_matches_fp64(gen, poison, tokens, heads, experts, d_head, d_expert, top_k, hot, deterministic):
+def test_moe_fp32_matches_fp64(gen, poison, tokens, heads, experts, d_head, d_expert, top_k, hot, atomic):
     assert current_platform().triton, "kernel tests must run the Triton interpreter"
     x, routes, w13, w_down, _ = make_problem(gen, tokens, heads, experts, d_head, d_expert, top_k, torch.float32, hot)
     if hot:
         counts = torch.diff(routes.offsets)
         assert (counts == 0).any() and counts.max() > 2 * counts.float().mean()
     out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down,
-                          deterministic=deterministic)
+                          atomic=atomic)
     assert out.shape == x.shape and out.dtype == x.dtype
     assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
 
@@ -57,9 +57,9 @@ def test_moe_fp32_matches_fp64(gen, poison, tokens, heads, experts, d_head, d_ex
 def test_moe_fp16_both_variants(gen, poison):
     x, routes, w13, w_down, _ = make_problem(gen, 29, 3, 8, 64, 96, 2, torch.float16)
     ref = fp64_reference(x, routes, w13, w_down)
-    for deterministic in (False, True):
+    for atomic in (True, False):
         out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down,
-                              deterministic=deterministic)
+                              atomic=atomic)
         assert out.dtype == torch.float16
         assert rel_err(out, ref) <= 3e-3
 
@@ -67,8 +67,8 @@ def test_moe_fp16_both_variants(gen, poison):
 def test_deterministic_is_bit_identical(gen):
     x, routes, w13, w_down, _ = make_problem(gen, 41, 3, 8, 64, 96, 3, torch.float32)
     args = (x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down)
-    first = moe.moe_experts(*args, deterministic=True)
-    second = moe.moe_experts(*args, deterministic=True)
+    first = moe.moe_experts(*args)  # the default path
+    second = moe.moe_experts(*args)
     assert torch.equal(first, second)
 
 
@@ -79,9 +79,9 @@ def test_padded_head_is_zero(gen, poison):
     x[:, 3] = 0
     w13.view(4, 8, *w13.shape[1:])[3] = 0
     w_down.view(4, 8, *w_down.shape[1:])[3] = 0
-    for deterministic in (False, True):
+    for atomic in (True, False):
         out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down,
-                              deterministic=deterministic)
+                              atomic=atomic)
         assert torch.equal(out[:, 3], torch.zeros_like(out[:, 3]))
         assert rel_err(out[:, :3], fp64_reference(x, routes, w13, w_down)[:, :3]) <= 1e-5
 
@@ -94,8 +94,8 @@ def test_matches_vllm_omni_torch_oracle(gen):
     up_ids, up_probs, up_offsets = mh_moe.global_sort_routes(routes.topk_probs, routes.topk_ids.long(), 8)
     expected = mh_moe.torch_mh_moe_forward(x, up_ids, up_probs, up_offsets, w_gate, w_up, w_down)
     slots = routing.slots_from_csr(up_ids, up_offsets, 3, 31, 2)
-    for deterministic in (False, True):
-        out = moe.moe_experts(x, up_ids, up_probs, up_offsets, slots, w13, w_down, deterministic=deterministic)
+    for atomic in (True, False):
+        out = moe.moe_experts(x, up_ids, up_probs, up_offsets, slots, w13, w_down, atomic=atomic)
         assert rel_err(out, expected) <= 1e-5
 
 
@@ -122,13 +122,90 @@ def test_tuned_blocks_shrink_to_a_small_head(gen, poison):
 
 
 @pytest.mark.parametrize("n_per_program", [1, 2, 4])
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-def test_resident_x_path_matches_fp64(gen, poison, deterministic, n_per_program):
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "deterministic"])
+def test_resident_x_path_matches_fp64(gen, poison, atomic, n_per_program):
     """BLOCK_K == d_head takes the W13 path that loads the x tile once per program."""
 
     from magi2_kernels.platform import GemmConfig
 
     x, routes, w13, w_down, _ = make_problem(gen, 45, 3, 8, 64, 128, 2, torch.float32)
     out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down,
-                          deterministic=deterministic, w13_config=GemmConfig(16, 32, 64, 4, 1, n_per_program))
+                          atomic=atomic, w13_config=GemmConfig(16, 32, 64, 4, 1, n_per_program))
     assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
+
+
+def test_default_is_the_deterministic_combine(gen, monkeypatch):
+    """Every platform's default MoE is the fixed-order combine; atomics only when asked."""
+
+    from magi2_kernels import moe_triton
+
+    x, routes, w13, w_down, _ = make_problem(gen, 19, 2, 8, 64, 96, 2, torch.float32)
+    args = (x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down)
+    seen = []
+    real_launch = moe_triton.launch
+    monkeypatch.setattr(moe_triton, "launch", lambda *a, **k: seen.append(k["deterministic"]) or real_launch(*a, **k))
+    moe.moe_experts(*args)
+    moe.moe_experts(*args, atomic=True)
+    assert seen == [True, False]
+
+
+def test_musa_refuses_atomics(gen):
+    from dataclasses import replace
+
+    from magi2_kernels.platform import MUSA_W2, MUSA_W13
+
+    musa = replace(current_platform(), name="musa", atomic_moe=False, w13=MUSA_W13, w2=MUSA_W2)
+    x, routes, w13, w_down, _ = make_problem(gen, 5, 1, 4, 64, 128, 2, torch.float32)
+    with pytest.raises(ValueError, match="^atomic: the musa platform"):
+        moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down, atomic=True,
+                        platform=musa)
+
+
+@pytest.mark.parametrize("block_k,pair_dot", [(64, False), (32, False), (64, True)],
+                         ids=["resident-x", "flattened-k", "resident-x-pair-dot"])
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "deterministic"])
+def test_tma_path_matches_fp64(gen, poison, atomic, block_k, pair_dot):
+    """Hopper's descriptor loads (W13 weights, W2 hidden rows and weights) under the interpreter.
+
+    A W2 tile's descriptor load reads past its expert's rows (and past the last route: zero
+    fill); the masked stores must keep those rows out. Skips where Triton has no descriptors.
+    """
+
+    pytest.importorskip("triton.tools.tensor_descriptor")
+    from dataclasses import replace
+
+    from magi2_kernels.platform import GemmConfig
+
+    tma = replace(current_platform(), tma=True)
+    x, routes, w13, w_down, _ = make_problem(gen, 45, 3, 8, 64, 128, 2, torch.float32, hot=3.0)
+    out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down,
+                          atomic=atomic, platform=tma, w13_config=GemmConfig(16, 32, block_k, 4, 1, 2, pair_dot),
+                          w2_config=GemmConfig(16, 32, 32, 4, 1))
+    assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
+
+
+def test_musa_portable_path_matches_fp64(gen, poison):
+    """MUSA's launch configs (BLOCK_K 64, 16 warps, 1 stage; no TMA, no inline PTX, no atomics)."""
+
+    from dataclasses import replace
+
+    from magi2_kernels.platform import MUSA_W2, MUSA_W13
+
+    musa = replace(current_platform(), name="musa", atomic_moe=False, w13=MUSA_W13, w2=MUSA_W2, tma=False,
+                   fast_sigmoid=False)
+    x, routes, w13, w_down, _ = make_problem(gen, 27, 2, 8, 64, 128, 2, torch.float32)
+    out = moe.moe_experts(x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down, platform=musa)
+    assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
+
+
+def test_pair_dot_matches_fp64(gen, poison):
+    """W13 gate and up in one dot (pointer loads), and its refusal outside the resident-x path."""
+
+    from magi2_kernels.platform import GemmConfig
+
+    x, routes, w13, w_down, _ = make_problem(gen, 33, 2, 8, 64, 128, 2, torch.float32)
+    args = (x, routes.gather_ids, routes.probs, routes.offsets, routes.slots, w13, w_down)
+    out = moe.moe_experts(*args, w13_config=GemmConfig(16, 32, 64, 4, 1, 2, True))
+    assert rel_err(out, fp64_reference(x, routes, w13, w_down)) <= 1e-5
+    with pytest.raises(ValueError, match="pair_dot needs block_k == d_head"):
+        moe.moe_experts(*args, w13_config=GemmConfig(16, 32, 32, 4, 1, 2, True))
