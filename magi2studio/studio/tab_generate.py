@@ -148,6 +148,8 @@ def build(ctx: StudioContext) -> None:
                 progress = gr.HTML(_progress_html("idle"), elem_id="progress")
         # Inside the Tab: a component between two tabs shifts the later tabs' order in Gradio 6.
         timer = gr.Timer(2.0)
+        # Hidden: the /cancel_job endpoint's input (a component outside a Tab relabels the tabs).
+        cancel_job_box = gr.Textbox(visible=False)
 
     fields = {"mode": mode, "prompt": prompt, "prompt_file": prompt_file, "image": image, "negative_prompt": negative,
               "seed": seed, "tier": tier, "steps": steps, "refiner_steps": refiner_steps, "video_cfg": video_cfg,
@@ -253,8 +255,6 @@ def build(ctx: StudioContext) -> None:
         if ctx.slot.cancel_job(job_id if isinstance(job_id, str) else ""):
             return "cancelling: the run stops at the next step boundary"
         return f"job_id: {str(job_id)[:40]!r} is not a waiting or running job. Fix: use the id from the queued line"
-
-    cancel_job_box = gr.Textbox(visible=False)
 
     def wire() -> None:
         outputs = [*ctx.results.components, progress, *error_boxes]
