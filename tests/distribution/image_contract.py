@@ -37,15 +37,19 @@ def build_image_module():
     return module
 
 
-def build_args(platform: str) -> dict[str, str]:
-    """The build args a compose build must agree with: what scripts/build-image passes from the lock."""
+def build_args(platform: str, base_digest: str = "", vllm_omni_commit: str = "") -> dict[str, str]:
+    """The build args a compose build must agree with: what scripts/build-image passes from the lock
+    (the cpu build resolves its base digest from the local store; compose leaves it to the engine)."""
 
-    digest = "sha256:" + "0" * 64
     args = build_image_module().build_args(
-        LOCK, platform, base_image=LOCK["base_images"][platform], base_digest=digest, revision="",
-        cpu_torch_index=LOCK["torch"]["cpu"]["index"], vllm_omni_commit="")
-    # cuda/musa build FROM tag@digest; compose names the tag and passes the digest separately.
-    return {"MAGI2_PLATFORM": args["MAGI2_PLATFORM"], "BASE_IMAGE": args["BASE_IMAGE"].split("@")[0]}
+        LOCK, platform, base_image=LOCK["base_images"][platform], base_digest=base_digest, revision="",
+        cpu_torch_index=LOCK["torch"]["cpu"]["index"], vllm_omni_commit=vllm_omni_commit)
+    wanted = {"MAGI2_PLATFORM": args["MAGI2_PLATFORM"],
+              # cuda/musa build FROM tag@digest; compose names the tag and passes the digest apart.
+              "BASE_IMAGE": args["BASE_IMAGE"].split("@")[0]}
+    if platform != "cpu":
+        wanted |= {"BASE_IMAGE_DIGEST": args["BASE_IMAGE_DIGEST"], "VLLM_OMNI_COMMIT": args["VLLM_OMNI_COMMIT"]}
+    return wanted
 
 
 def mounts(platform: str) -> dict[str, bool]:
@@ -81,8 +85,8 @@ def environment(platform: str) -> dict[str, str]:
     return env
 
 
-def run_spec(platform: str) -> dict:
+def run_spec(platform: str, base_digest: str = "", vllm_omni_commit: str = "") -> dict:
     """Everything above for one platform, in one comparable value."""
 
-    return {"build_args": build_args(platform), "mounts": mounts(platform), "user": USER,
+    return {"build_args": build_args(platform, base_digest, vllm_omni_commit), "mounts": mounts(platform), "user": USER,
             "ports": [STUDIO_PORT], "devices": devices(platform), "environment": environment(platform)}
