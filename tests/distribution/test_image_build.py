@@ -102,7 +102,7 @@ def test_builder_and_secrets_are_named_and_nothing_of_the_host_is_in_a_layer(bui
 
 
 def test_runs_as_10001_with_the_oci_labels_ports_and_env(built):
-    config = built.inspect["Docker"]["config"] if built.inspect.get("Docker", {}).get("config") else {}
+    config = built.inspect.get("Docker", {}).get("config") or {}
     oci = built.inspect["OCIv1"]["config"]
     assert oci["User"] == contract.USER
     assert in_image(built, "id", "-u").stdout.strip() == contract.USER.split(":")[0]
