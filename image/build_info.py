@@ -12,6 +12,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,9 @@ def build_info(args: argparse.Namespace) -> dict:
         "base_image": args.base,
         "base_image_digest": args.base_digest or None,
         "base_image_digest_note": None if args.base_digest else NOT_GIVEN,
+        # cuda/musa: the vLLM-Omni source commit the build was pinned to (the Dockerfile refuses
+        # those builds without it); cpu installs the PyPI release named in the lock.
+        "vllm_omni_commit": args.vllm_omni_commit or None,
         "build_date": args.date or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
         "pip_freeze": freeze,
@@ -47,9 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--platform", required=True, choices=("cpu", "cuda", "musa"))
     parser.add_argument("--base", required=True, help="the base image tag the build started from")
-    for name in ("base-digest", "revision", "lock-sha256", "date"):
+    for name in ("base-digest", "vllm-omni-commit", "revision", "lock-sha256", "date"):
         parser.add_argument(f"--{name}", default="")
     args = parser.parse_args(argv)
+    if args.vllm_omni_commit and not re.fullmatch(r"[0-9a-f]{40}", args.vllm_omni_commit):
+        sys.exit(f"build_info: VLLM_OMNI_COMMIT {args.vllm_omni_commit!r} is not a 40-hex commit (a branch, tag or "
+                 "PR head moves): pass the commit hash itself")
     info = build_info(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

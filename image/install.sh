@@ -2,27 +2,33 @@
 # Installs magi2studio's Python layer into the active Python (a venv, or the image's).
 # One script for the README, CI and the Dockerfile, so the recipe CI proves is the one
 # users get. Every version here equals image/lock.yaml (tests/distribution/test_lock.py).
-# Usage: image/install.sh [--target cpu|cuda|musa] [--dev] [--editable]
+# Usage: image/install.sh [--target cpu|cuda|musa] [--dev] [--editable] [--drop-cuda-kernels]
 #   cpu:  CPU torch, vLLM / vLLM-Omni without their CUDA-only dependency lists.
+#         --drop-cuda-kernels (the cpu image) removes vLLM's compiled CUDA extensions (~0.6 GB):
+#         they link libcudart, which the cpu target never has, so they can never load there.
 #   cuda: on the vLLM 0.30.0 CUDA base: keeps its torch + vLLM, adds vLLM-Omni 0.30.0.
 #   musa: on the Moore Threads base: keeps its torch_musa, MATE, vLLM-MUSA and vLLM-Omni
 #         tree; adds torchada and imports it first in every Python process.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-target=cpu dev=0 editable=0
+target=cpu dev=0 editable=0 drop_cuda=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --target) target="${2:-}"; shift 2 ;;
     --dev) dev=1; shift ;;
     --editable) editable=1; shift ;;
-    *) echo "install.sh: unknown option $1 (use --target cpu|cuda|musa, --dev, --editable)" >&2; exit 2 ;;
+    --drop-cuda-kernels) drop_cuda=1; shift ;;
+    *) echo "install.sh: unknown option $1 (use --target cpu|cuda|musa, --dev, --editable, --drop-cuda-kernels)" >&2; exit 2 ;;
   esac
 done
 case "$target" in
   cpu|cuda|musa) ;;
   *) echo "install.sh: unknown target '$target' (use cpu, cuda or musa)" >&2; exit 2 ;;
 esac
+if [ "$drop_cuda" = 1 ] && [ "$target" != cpu ]; then
+  echo "install.sh: --drop-cuda-kernels is for --target cpu only (cuda and musa need those kernels)" >&2; exit 2
+fi
 py="${PYTHON:-python3}"
 pip() { "$py" -m pip "$@"; }
 pip install -q --upgrade pip
@@ -49,6 +55,12 @@ reqs=("${upstream[@]}" -r "$here/requirements-app.txt")
 [ "$dev" = 1 ] && reqs+=(-r "$here/requirements-test.txt")
 pip install -q -c "$here/requirements-upstream.txt" "${reqs[@]}"
 if [ "$editable" = 1 ]; then pip install -q --no-deps -e "$root"; else pip install -q --no-deps "$root"; fi
+if [ "$drop_cuda" = 1 ]; then
+  vllm_dir="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm"
+  mapfile -t cuda_kernels < <(find "$vllm_dir" -name '*.so' -exec grep -l 'libcudart\.so' {} +)
+  [ "${#cuda_kernels[@]}" -gt 0 ] && rm -f "${cuda_kernels[@]}"
+  echo "install.sh: dropped ${#cuda_kernels[@]} CUDA extension modules of vLLM (they link libcudart)"
+fi
 "$py" -c "import magi2studio, vllm_omni.diffusion.models.magi2.sampler_magi2" 2>/dev/null \
   || { echo "install.sh: magi2studio or vLLM-Omni's MAGI-2 modules do not import" >&2; exit 1; }
 echo "install.sh: magi2studio installed for target $target"

@@ -19,6 +19,8 @@ import yaml
 
 from magi2studio.cli import build_parser
 
+from . import image_contract as contract
+
 ROOT = Path(__file__).resolve().parents[2]
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -101,3 +103,37 @@ def test_schema_rejects_a_broken_service():
     project["services"]["studio"]["restart"] = ["always"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(project, compose_schema())
+
+
+def compose_run_spec(studio: dict, platform: str) -> dict:
+    """What `docker compose up` gives the studio container, in image_contract's terms."""
+
+    env = {key: value.replace("${MAGI2_PLATFORM}", platform) for key, value in contract.dockerfile_env().items()
+           if key != "PATH"}
+    reservations = studio.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    devices = reservations[0] if reservations else ({"runtime": studio["runtime"]} if "runtime" in studio else {})
+    return {
+        "build_args": studio["build"]["args"],
+        "mounts": {volume["target"]: bool(volume.get("read_only", False)) for volume in studio["volumes"]},
+        "user": studio.get("user") or re.findall(r"^USER (\S+)$", contract.DOCKERFILE, re.M)[-1],
+        "ports": [int(port.rsplit(":", 1)[1]) for port in studio["ports"]],
+        "devices": devices,
+        "environment": env | studio.get("environment", {}),
+    }
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda", "musa"])
+def test_compose_gives_the_container_what_the_image_test_checks(platform):
+    digest, commit = "sha256:" + "ab" * 32, "cd" * 20
+    env = {} if platform == "cpu" else {"MAGI2_PLATFORM": platform, "MAGI2_BASE_DIGEST": digest,
+                                        "MAGI2_VLLM_OMNI_COMMIT": commit}
+    studio = load_project(env)["services"]["studio"]
+    assert compose_run_spec(studio, platform) == contract.run_spec(platform, *(() if platform == "cpu" else (digest, commit)))
+
+
+def test_compose_drift_is_caught():
+    studio = load_project({})["services"]["studio"]
+    studio["volumes"][0]["target"] = "/data"
+    studio["environment"] = {"MAGI2STUDIO_OUTPUTS": "/data"}
+    spec = compose_run_spec(studio, "cpu")
+    assert spec["mounts"] != contract.mounts("cpu") and spec["environment"] != contract.environment("cpu")

@@ -17,6 +17,8 @@ import yaml
 from magi2studio.cli import build_parser
 from magi2studio.determinism import DETERMINISTIC_ENV
 
+from .image_contract import build_image_module
+
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = yaml.safe_load((ROOT / "image" / "lock.yaml").read_text(encoding="utf-8"))
 DOCKERFILE = (ROOT / "image" / "Dockerfile").read_text(encoding="utf-8")
@@ -92,7 +94,12 @@ def test_compose_platform_build_args_equal_the_lock():
     services = yaml.safe_load((ROOT / "image" / "compose" / "platforms.yaml").read_text())["services"]
     assert set(services) == set(PLATFORMS)
     for platform, service in services.items():
-        assert service["build"]["args"] == {"MAGI2_PLATFORM": platform, "BASE_IMAGE": LOCK["base_images"][platform]}
+        args = service["build"]["args"]
+        assert {key: args[key] for key in ("MAGI2_PLATFORM", "BASE_IMAGE")} == \
+            {"MAGI2_PLATFORM": platform, "BASE_IMAGE": LOCK["base_images"][platform]}
+        pins = {"BASE_IMAGE_DIGEST": "${MAGI2_BASE_DIGEST:-}", "VLLM_OMNI_COMMIT": "${MAGI2_VLLM_OMNI_COMMIT:-}"}
+        assert set(args) - {"MAGI2_PLATFORM", "BASE_IMAGE"} == (set() if platform == "cpu" else set(pins))
+        assert all(args[key] == value for key, value in pins.items() if key in args)
 
 
 def test_pyproject_requirements_and_install_script_equal_the_lock():
@@ -171,12 +178,42 @@ def test_build_info_records_provenance(tmp_path):
     assert bad.returncode != 0 and "does not match" in bad.stderr
 
 
-def test_build_image_refuses_without_an_engine(tmp_path):
-    env = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock", "PATH": "/usr/bin:/bin"}
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "build-image")], capture_output=True,
-                            text=True, env=env)
+def _build_image(*args: str, path: str = "/usr/bin:/bin", **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "build-image"), *args], capture_output=True,
+                          text=True, env={"PATH": path, **env})
+
+
+def test_build_image_refuses_docker_without_an_engine(tmp_path):
+    result = _build_image("--builder", "docker", DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock")
     assert result.returncode == 2
-    assert "no Docker engine is reachable" in result.stderr and "Traceback" not in result.stderr
+    assert "no Docker engine is reachable" in result.stderr and "nothing was built" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_build_image_refuses_without_any_builder(tmp_path):
+    result = _build_image(path=str(tmp_path))
+    assert result.returncode == 2 and "buildah is not installed" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("platform", ["cuda", "musa"])
+@pytest.mark.parametrize("args, expected", [
+    ((), "needs --base-digest and --vllm-omni-commit"),
+    (("--base-digest", "sha256:" + "a" * 64), "needs --vllm-omni-commit"),
+    (("--base-digest", "sha256:" + "a" * 64, "--vllm-omni-commit", "main"), "'main' is not a full 40-hex commit"),
+    (("--base-digest", "latest", "--vllm-omni-commit", "b" * 40), "'latest' is not sha256:<64 hex>"),
+])
+def test_gpu_builds_refuse_a_moving_base_or_source(platform, args, expected):
+    result = _build_image("--platform", platform, *args)
+    assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr
+
+
+def test_gpu_build_args_pin_the_base_by_digest():
+    digest, commit = "sha256:" + "a" * 64, "b" * 40
+    args = build_image_module().build_args(LOCK, "cuda", base_image=LOCK["base_images"]["cuda"], base_digest=digest,
+                                           revision="r", cpu_torch_index="", vllm_omni_commit=commit)
+    assert args["BASE_IMAGE"] == f"{LOCK['base_images']['cuda']}@{digest}" and args["VLLM_OMNI_COMMIT"] == commit
+    assert set(args) <= set(dockerfile_arg_defaults()) | {"BASE_IMAGE_DIGEST", "VLLM_OMNI_COMMIT", "GIT_REVISION",
+                                                          "LOCK_SHA256", "BUILD_DATE"}
 
 
 def test_lock_pins_the_weights_snapshot_vllm_omni_pins():

@@ -27,9 +27,10 @@ def _sharded(folder: Path, shards: int = 2) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-@pytest.fixture
-def tree(tmp_path: Path) -> Path:
-    root = tmp_path / "MAGI-2-preview"
+def synthetic_tree(root: Path) -> Path:
+    """The released layout with tiny files (also mounted into the built image by test_image_build)."""
+
+    root.mkdir(parents=True)
     _sharded(root / "preview")
     _sharded(root / "text_encoder", 1)
     (root / "vae").mkdir()
@@ -42,6 +43,11 @@ def tree(tmp_path: Path) -> Path:
     save_file({"d": torch.ones(3)}, str(root / "stable-audio-open-1.0" / "model.safetensors"))
     _sharded(root / "refiner")
     return root
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return synthetic_tree(tmp_path / "MAGI-2-preview")
 
 
 def problems(report) -> dict[str, str]:

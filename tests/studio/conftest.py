@@ -1,7 +1,12 @@
-"""One studio on the embedded engine for the whole studio suite, launched on a free local port."""
+"""One studio on the embedded engine for the whole studio suite, launched on a free local port.
+
+MAGI2STUDIO_URL=http://host:port/ points the browser test at a studio that runs elsewhere (the
+built image: tests/distribution/test_image_build.py); only the browser test runs against it,
+the others need the in-process context."""
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +18,7 @@ import pytest
 class Studio:
     url: str
     ctx: Any
-    outputs: Path
+    outputs: Path | None
 
 
 def _free_port() -> int:
@@ -24,6 +29,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def studio(tmp_path_factory) -> Studio:
+    if os.environ.get("MAGI2STUDIO_URL"):
+        yield Studio(os.environ["MAGI2STUDIO_URL"], None, None)
+        return
     from magi2studio.engines import get_engine
     from magi2studio.studio.app import create_app, launch_options
 

@@ -1,0 +1,255 @@
+"""The cpu image, built from a clean checkout with scripts/build-image (buildah, no daemon) and
+run with `buildah run`: what a user of `docker compose up` relies on holds inside it.
+
+Once per session: the local base (scripts/make-base-image --if-missing, cached between runs),
+the image, and one working container that every test runs its commands in. `podman run` fails
+on setrlimit on these machines; `buildah run --network host` works and serves ports to the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from . import image_contract as contract
+from .test_weights import synthetic_tree
+
+ROOT = contract.ROOT
+BUILDAH = ["buildah", "--storage-driver", "vfs"]
+IMAGE = "localhost/magi2studio:cpu"
+PROMPT = "a red kite over a grey sea, wind and gulls"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not shutil.which("buildah") or not shutil.which("debootstrap") or os.geteuid() != 0,
+                       reason="needs root, buildah and debootstrap (apt-get install buildah debootstrap; .ci/run does)"),
+]
+
+
+@dataclass
+class Built:
+    container: str
+    inspect: dict
+    revision: str
+    base_digest: str
+    build_seconds: float
+    build_log: str
+
+
+def _run(cmd: list[str], timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def in_image(built: Built, *command: str, mounts: dict[str, tuple[Path, bool]] | None = None,
+             timeout: float = 600) -> subprocess.CompletedProcess:
+    """One command in the working container, as the image's user, with host paths mounted."""
+
+    volumes = [f"--volume={src}:{dst}:{'ro' if ro else 'rw'}" for dst, (src, ro) in (mounts or {}).items()]
+    return _run([*BUILDAH, "run", "--isolation", "chroot", "--network", "host", *volumes, built.container, "--",
+                 *command], timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Built:
+    clone = tmp_path_factory.mktemp("checkout") / "magi2studio"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    revision = _run(["git", "-C", str(clone), "rev-parse", "HEAD"]).stdout.strip()
+    base = _run([str(clone / "scripts" / "make-base-image"), "--if-missing", "--tag", contract.LOCAL_BASE])
+    assert base.returncode == 0, base.stdout + base.stderr
+    started = time.monotonic()
+    build = _run(["nice", "-n", "10", sys.executable, str(clone / "scripts" / "build-image"), "--platform", "cpu",
+                  "--builder", "buildah", "--base-image", contract.LOCAL_BASE, "--cpu-torch-index", ""],
+                 timeout=1800)
+    seconds = time.monotonic() - started
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    print(f"\nimage build: {seconds:.0f} s", file=sys.stderr)
+    base_digest = _run([*BUILDAH, "inspect", "--type", "image", "--format", "{{.FromImageDigest}}",
+                        contract.LOCAL_BASE]).stdout.strip()
+    inspect = json.loads(_run([*BUILDAH, "inspect", "--type", "image", IMAGE]).stdout)
+    container = _run([*BUILDAH, "from", "--quiet", IMAGE], timeout=1800).stdout.strip()
+    assert container, "buildah from gave no working container"
+    try:
+        yield Built(container, inspect, revision, base_digest, seconds, build.stdout)
+    finally:
+        _run([*BUILDAH, "rm", container])
+
+
+def test_builder_and_secrets_are_named_and_nothing_of_the_host_is_in_a_layer(built):
+    assert "build-image: builder buildah" in built.build_log
+    assert "secret cacert" in built.build_log
+    # buildah leaves the read-only mounts' mount points behind as empty folders; nothing in them.
+    folders = " ".join(line.split(": ", 1)[1] for line in built.build_log.splitlines()
+                       if line.startswith("build-image: read-only mounts")).replace(",", "")
+    assert folders, "the build mounted none of the pip configuration's folders"
+    leaked = in_image(built, "bash", "-c", f"ls /run/secrets 2>/dev/null; grep -rls 'find-links' /etc 2>/dev/null; "
+                                           f"find {folders} -mindepth 1 2>/dev/null | head -3")
+    assert leaked.stdout.strip() == "", leaked.stdout
+    # The image keeps Debian's own CA bundle: the host's (with the proxy's CA) went in as a secret.
+    image_bundle = in_image(built, "sha256sum", "/etc/ssl/certs/ca-certificates.crt").stdout.split()[0]
+    assert image_bundle != hashlib.sha256(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes()).hexdigest()
+
+
+def test_runs_as_10001_with_the_oci_labels_ports_and_env(built):
+    config = built.inspect.get("Docker", {}).get("config") or {}
+    oci = built.inspect["OCIv1"]["config"]
+    assert oci["User"] == contract.USER
+    assert in_image(built, "id", "-u").stdout.strip() == contract.USER.split(":")[0]
+    assert f"{contract.STUDIO_PORT}/tcp" in oci["ExposedPorts"]
+    env = dict(item.split("=", 1) for item in oci["Env"])
+    assert {key: env.get(key) for key in contract.environment("cpu")} == contract.environment("cpu")
+    assert env["PATH"].startswith("/opt/venv/bin:")
+    assert oci["Entrypoint"] == ["magi2studio"]
+    labels = oci["Labels"]
+    assert set(contract.OCI_LABELS) <= set(labels), set(contract.OCI_LABELS) - set(labels)
+    assert labels["org.opencontainers.image.revision"] == built.revision
+    assert labels["org.opencontainers.image.base.digest"] == built.base_digest
+    assert labels["io.magi2studio.lock.sha256"] == hashlib.sha256((ROOT / "image" / "lock.yaml").read_bytes()).hexdigest()
+    assert config.get("Healthcheck", {}).get("Test"), "the docker-format image lost its HEALTHCHECK"
+
+
+def test_build_info_matches_the_lock_revision_and_base(built):
+    info = json.loads(in_image(built, "cat", "/etc/magi2studio/build-info.json").stdout)
+    assert info["platform"] == "cpu" and info["git_revision"] == built.revision
+    assert info["lock_sha256"] == hashlib.sha256((ROOT / "image" / "lock.yaml").read_bytes()).hexdigest()
+    assert info["base_image"] == contract.LOCAL_BASE and info["base_image_digest"] == built.base_digest
+    assert info["python"].startswith(contract.LOCK["python"] + ".")
+    freeze = info["pip_freeze"]
+    assert f"torch=={contract.LOCK['torch']['cpu']['version']}+cpu" in freeze
+    assert f"vllm-omni=={contract.LOCK['vllm_omni']['version']}" in freeze
+    assert [line for line in freeze if line.lower().startswith("nvidia")] == []
+
+
+def test_the_cpu_image_is_small_and_has_few_layers(built):
+    layers = built.inspect["OCIv1"]["rootfs"]["diff_ids"]
+    size = _image_bytes(built)
+    print(f"\nimage: {size / 1e9:.2f} GB, {len(layers)} layers", file=sys.stderr)
+    assert size <= contract.IMAGE_MAX_BYTES
+    assert len(layers) <= 3
+
+
+def _image_bytes(built: Built) -> int:
+    """The image's unpacked size (what `docker images` reports): the fresh working container's tree."""
+
+    mount = _run([*BUILDAH, "mount", built.container]).stdout.strip()
+    try:
+        return int(_run(["du", "-sb", "--one-file-system", mount]).stdout.split()[0])
+    finally:
+        _run([*BUILDAH, "umount", built.container])
+
+
+def test_doctor_runs_in_the_image(built, tmp_path):
+    result = in_image(built, "magi2studio", "doctor", timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "platform: cpu" in result.stdout and f"git_revision={built.revision}" in result.stdout
+
+
+def test_weights_check_names_a_broken_tree_file_by_file(built, tmp_path):
+    tree = synthetic_tree(tmp_path / "MAGI-2-preview")
+    # A download is readable by everyone; safetensors writes 0600 files, which uid 10001 cannot read.
+    for path in [tree, *tree.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    mounts = {contract.WEIGHTS: (tree, True)}
+    good = in_image(built, "magi2studio", "weights", "check", "--root", contract.WEIGHTS, "--tier", "1080p",
+                    mounts=mounts, timeout=300)
+    assert good.returncode == 0, good.stdout + good.stderr
+    (tree / "vae" / "Wan2.2_VAE.pth").unlink()
+    shard = next((tree / "preview").glob("model-00002-*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-16])
+    bad = in_image(built, "magi2studio", "weights", "check", "--root", contract.WEIGHTS, "--tier", "1080p",
+                   mounts=mounts, timeout=300)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "vae/Wan2.2_VAE.pth" in bad.stdout + bad.stderr and shard.name in bad.stdout + bad.stderr
+
+
+def _outputs(tmp_path: Path) -> Path:
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    uid, gid = (int(part) for part in contract.USER.split(":"))
+    os.chown(outputs, uid, gid)
+    return outputs
+
+
+def _only_run(outputs: Path) -> dict:
+    from magi2studio.runs import verify_run
+
+    runs = [path for path in outputs.iterdir() if not path.name.startswith(".")]
+    assert len(runs) == 1, runs
+    return verify_run(runs[0]).manifest
+
+
+def test_generate_in_the_image_equals_the_host_venv(built, tmp_path):
+    request = ["generate", "--prompt", PROMPT, "--tier", "272p", "--seed", "7", "--steps", "8"]
+    outputs = _outputs(tmp_path)
+    inside = in_image(built, "magi2studio", *request, "--out", contract.OUTPUTS,
+                      mounts={contract.OUTPUTS: (outputs, False)}, timeout=900)
+    assert inside.returncode == 0, inside.stdout[-3000:] + inside.stderr[-3000:]
+    host_out = tmp_path / "host"
+    host_out.mkdir()
+    host = _run([str(Path(sys.executable).with_name("magi2studio")), *request, "--out", str(host_out)], timeout=900)
+    assert host.returncode == 0, host.stdout[-3000:] + host.stderr[-3000:]
+    image_hashes, host_hashes = _only_run(outputs)["hashes"], _only_run(host_out)["hashes"]
+    print(f"\nin image: frames {image_hashes['frames_sha256'][:12]} pcm {image_hashes['pcm_sha256'][:12]}; "
+          f"host: frames {host_hashes['frames_sha256'][:12]} pcm {host_hashes['pcm_sha256'][:12]}", file=sys.stderr)
+    assert (image_hashes["frames_sha256"], image_hashes["pcm_sha256"]) == \
+        (host_hashes["frames_sha256"], host_hashes["pcm_sha256"])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_studio_served_from_the_image_passes_the_browser_test(built, tmp_path):
+    outputs = _outputs(tmp_path)
+    # The image's own command; host networking has no port mapping, so a free port stands in
+    # for compose's "7860:7860". --preload sp1-cfg1: the layout the browser test drives (as its
+    # in-process fixture preloads).
+    port = _free_port()
+    command = [*built.inspect["OCIv1"]["config"]["Entrypoint"], *built.inspect["OCIv1"]["config"]["Cmd"],
+               "--preload", "sp1-cfg1"]
+    command[command.index("--port") + 1] = str(port)
+    server = subprocess.Popen(
+        [*BUILDAH, "run", "--isolation", "chroot", "--network", "host",
+         f"--volume={outputs}:{contract.OUTPUTS}:rw", built.container, "--", *command],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 300
+        while not _answers(url):
+            assert server.poll() is None, "the studio in the image exited before answering"
+            assert time.monotonic() < deadline, f"the studio in the image did not answer on {url} in 300 s"
+            time.sleep(2)
+        env = {**os.environ, "MAGI2STUDIO_URL": url, "MAGI2STUDIO_SCREENSHOTS": str(tmp_path / "shots")}
+        browser = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(ROOT / "tests" / "studio" / "test_studio_browser.py")], env=env, cwd=ROOT, timeout=900)
+        assert browser.returncode == 0, browser.stdout[-4000:] + browser.stderr[-2000:]
+        assert "1 passed" in browser.stdout
+        assert len([p for p in outputs.iterdir() if not p.name.startswith(".")]) >= 1
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
