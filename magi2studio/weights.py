@@ -124,6 +124,8 @@ def _check_files(folder: Path, report: WeightsReport) -> None:
         if path in covered or path.name.endswith(".safetensors.index.json"):
             continue
         relative = path.relative_to(folder).as_posix()
+        if _unreadable(path, relative, report):
+            continue
         if path.suffix == ".safetensors":
             report.files_checked += 1
             _check_safetensors(path, relative, report)
@@ -162,6 +164,8 @@ def _check_index(folder: Path, index: Path, report: WeightsReport) -> set[Path]:
         header = None
         if not path.is_file():
             report.add(shard_rel, f"missing ({len(tensors)} tensors of {relative} live there)")
+        elif _unreadable(path, shard_rel, report):
+            continue
         else:
             header = _check_safetensors(path, shard_rel, report)
         if header is None:
@@ -170,6 +174,15 @@ def _check_index(folder: Path, index: Path, report: WeightsReport) -> set[Path]:
         if absent:
             report.add(shard_rel, f"lacks {len(absent)} tensor(s) the index maps to it, e.g. {absent[0]}")
     return covered
+
+
+def _unreadable(path: Path, relative: str, report: WeightsReport) -> bool:
+    """A file this user cannot read (the image runs as uid 10001; safetensors writes 0600 files)."""
+    if os.access(path, os.R_OK):
+        return False
+    report.add(relative, f"not readable by uid {os.getuid()}: make the weights readable to all "
+                         "(chmod -R a+rX on the weights folder; the image runs as uid 10001)")
+    return True
 
 
 def _span(entry: dict) -> int:

@@ -166,3 +166,14 @@ def test_doctor_says_when_the_image_mount_point_is_empty(tmp_path, monkeypatch, 
     assert main(["doctor"]) == 0
     assert f"weights: nothing mounted there (the embedded engine needs no weights; vllm-omni does) " \
            f"at {tmp_path / 'not-mounted'}" in capsys.readouterr().out
+
+
+def test_a_file_this_user_cannot_read_is_named_with_the_fix(tree, monkeypatch):
+    import os
+
+    unreadable = {tree / "preview" / "model-00001-of-00002.safetensors", tree / "vae" / "Wan2.2_VAE.pth"}
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) not in unreadable and real_access(path, mode))
+    found = problems(check_weights(tree))
+    assert set(found) == {"preview/model-00001-of-00002.safetensors", "vae/Wan2.2_VAE.pth"}
+    assert all("not readable by uid" in why and "chmod -R a+rX" in why for why in found.values())
