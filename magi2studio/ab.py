@@ -80,7 +80,8 @@ def parse_side(label: str, settings: list[str], default_layout: str) -> Side:
         elif kind == "layout" and not dot:
             layout = value
         else:
-            raise InputError(label, f"{setting!r} starts with {kind!r}", "start it with env., engine., request. or layout=")
+            raise InputError(label, f"{setting!r} starts with {kind!r}",
+                             "start it with env., engine., request. or layout=")
     parse_layout(layout)
     return Side(label, env, options, overrides, layout)
 
@@ -336,13 +337,15 @@ def build_report(base: Request, sides: tuple[Side, Side], pairs: int, engine_nam
 def report_markdown(report: dict[str, Any]) -> str:
     request, identity, timing = report["request"], report["identity"], report["timing"]
     lines = ["# A/B report", "",
-             f"- request: {request['mode']} {request['tier']} seed {request['seed']} steps {request['steps'] or 'default'}"
+             f"- request: {request['mode']} {request['tier']} seed {request['seed']} "
+             f"steps {request['steps'] or 'default'}"
              f", engine {report['engine']}, {report['pairs']} pairs, order C, K, C, K, ...",
              f"- isolation: {report['isolation']['mode']} ({report['isolation']['what_it_means']})"]
     for label, side in report["sides"].items():
         lines.append(f"- {label}: layout {side['layout']}, env {side['env'] or '{}'}, engine options "
                      f"{side['engine_options'] or '{}'}, request overrides {side['request_overrides'] or '{}'}")
-    lines += ["", "| # | side | pair | status | gate ms/step | engine start ms | run wall s | frames sha256 | pcm sha256 |",
+    lines += ["", "| # | side | pair | status | gate ms/step | engine start ms | run wall s | frames sha256 "
+                  "| pcm sha256 |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         lines.append(f"| {r['order'] + 1} | {r['side']} | {r['pair'] + 1} | {r['status']} | {fmt(r['gate_ms'])} "

@@ -55,7 +55,8 @@ def regular_file(path: str | Path, field: str, what: str) -> os.stat_result:
         raise InputError(field, f"{path} cannot be read (permission denied)",
                          "make it readable, or copy it somewhere you can read") from None
     except OSError as err:
-        raise InputError(field, f"{path} cannot be opened ({err.strerror or err})", f"give the path of {what}") from None
+        raise InputError(field, f"{path} cannot be opened ({err.strerror or err})",
+                         f"give the path of {what}") from None
     if stat.S_ISDIR(info.st_mode):
         raise InputError(field, f"{path} is a folder, not a file", f"give the path of {what} inside it")
     if not stat.S_ISREG(info.st_mode):

@@ -426,13 +426,15 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"- engine: {report['engine']}, layout: {report['layout']}",
         f"- reference: {ref['title'] + ' (' + str(ref['path']) + ')' if ref else 'none'}",
         "- summary: " + ", ".join(f"{k} {v}" for k, v in report["summary"].items()), "",
-        "| sample | status | mode | seed | tier | steps | layout | frames sha256 | pcm sha256 | gate ms/step | verdict |",
+        "| sample | status | mode | seed | tier | steps | layout | frames sha256 | pcm sha256 | gate ms/step "
+        "| verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["samples"]:
         lines.append(
             f"| {row['name']} | {row['status']} | {row['mode']} | {row['seed']} ({row['seed_source']}) | {row['tier']} "
-            f"| {row['steps'] or '-'} | {row['layout']} | `{short(row['frames_sha256'])}` | `{short(row['pcm_sha256'])}` "
+            f"| {row['steps'] or '-'} | {row['layout']} | `{short(row['frames_sha256'])}` "
+            f"| `{short(row['pcm_sha256'])}` "
             f"| {fmt_ms(row['gate_ms'])} | {row['verdict'] or '-'} |")
     details = [row for row in report["samples"] if row["error"] or row["verdict_notes"] or row["timing"]]
     if details:

@@ -139,7 +139,8 @@ def validate_request(request: Request) -> Request:
             raise InputError(name, f"{value} is not a usable guidance scale", "use a number from 0 to 50")
     if request.mode == "i2va":
         if not request.image:
-            raise InputError("image", "I2VA needs a first-frame image", "give one (--image PATH on the command line), or use mode t2va")
+            raise InputError("image", "I2VA needs a first-frame image",
+                             "give one (--image PATH on the command line), or use mode t2va")
         check_image(request.image)
     elif request.image:
         raise InputError("image", "a first-frame image was given for T2VA", "use mode i2va, or drop the image")

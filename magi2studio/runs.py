@@ -102,7 +102,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     shapes = {"request": dict, "resolved": dict, "layout": dict, "engine": dict, "hashes": dict, "files": dict}
     for key, kind in shapes.items():
         if not isinstance(manifest.get(key), kind):
-            problem = "is missing" if key not in manifest else f"is a JSON {type(manifest[key]).__name__}, not an object"
+            problem = ("is missing" if key not in manifest
+                       else f"is a JSON {type(manifest[key]).__name__}, not an object")
             raise InputError(f"manifest.{key}", problem, "use a manifest written by magi2studio")
     if manifest.get("manifest_version") != MANIFEST_VERSION:
         raise InputError("manifest.manifest_version", f"is {manifest.get('manifest_version')!r}",
@@ -221,7 +222,8 @@ def write_run(root: Path, request: Request, layout: Layout, generation: Generati
         t0 = time.perf_counter()
         media.write_mp4(
             temp / "video.mp4", generation.frames, generation.audio, generation.fps, generation.sample_rate,
-            {"comment": json.dumps({"magi2studio_request": manifest["request"], "engine": generation.engine_info.get("name")})},
+            {"comment": json.dumps({"magi2studio_request": manifest["request"],
+                                    "engine": generation.engine_info.get("name")})},
         )
         media.write_wav(temp / "audio.wav", generation.audio, generation.sample_rate)
         media.write_poster(temp / "poster.jpg", generation.frames)

@@ -65,7 +65,8 @@ def main() -> int:
     assert cli(["generate", "--prompt", "a red kite over a windy beach", "--steps", "2", "--out", str(out)]) == 0
     (folder,) = [p for p in out.iterdir() if runs.is_complete(p)]
     pristine = (folder / "manifest.json").read_bytes()
-    family("manifests", F.manifest_edits, lambda e: F.attempt_manifest(folder, pristine, e), max(args.examples // 3, 10))
+    family("manifests", F.manifest_edits, lambda e: F.attempt_manifest(folder, pristine, e),
+           max(args.examples // 3, 10))
 
     return report_and_exit(counts, examples)
 

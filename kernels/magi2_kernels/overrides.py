@@ -226,7 +226,8 @@ def packed_w13(module) -> torch.Tensor:
 
     packed = getattr(module, "_magi2_w13", None)
     gate, up = module.W_gate, module.W_up
-    if packed is not None and gate.data_ptr() == packed[:, :, 0].data_ptr() and up.data_ptr() == packed[:, :, 1].data_ptr():
+    if (packed is not None and gate.data_ptr() == packed[:, :, 0].data_ptr()
+            and up.data_ptr() == packed[:, :, 1].data_ptr()):
         return packed
     with torch.no_grad():
         packed = moe.pack_w13(gate.detach(), up.detach())

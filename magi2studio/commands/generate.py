@@ -70,7 +70,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("vllm-omni-server engine")
     group.add_argument("--server-url", help="the server (default $MAGI2STUDIO_SERVER_URL or http://127.0.0.1:8000)")
-    group.add_argument("--server-layout", help="the layout the server was launched with (default $MAGI2STUDIO_SERVER_LAYOUT; "
+    group.add_argument("--server-layout", help="the layout the server was launched with "
+                       "(default $MAGI2STUDIO_SERVER_LAYOUT; "
                        "unset: the --layout of the first run is assumed, since the server does not report it)")
     group.add_argument("--server-metrics-dir", help="the server workers' MAGI2STUDIO_METRICS_DIR, shared here: "
                        "per-step timings (default $MAGI2STUDIO_SERVER_METRICS_DIR; unset: none)")

@@ -100,7 +100,8 @@ def upload_path(value: Any, field: str, uploads: Path | None) -> str | None:
     if not isinstance(path, str) or not path.strip() or "\x00" in path:
         raise InputError(field, "is not an uploaded file", "upload the file (gradio_client: handle_file(path))")
     if uploads is not None:
-        inside(path, uploads, field, "upload the file (gradio_client: handle_file(path)); a server path is not accepted")
+        inside(path, uploads, field,
+               "upload the file (gradio_client: handle_file(path)); a server path is not accepted")
     return path
 
 

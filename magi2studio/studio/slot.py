@@ -226,7 +226,8 @@ def failure_line(err: BaseException) -> str:
     return f"the engine failed: {type(err).__name__}{': ' + first if first else ''} (details in the studio log)"
 
 
-def describe_progress(event: Progress, seen: dict[str, tuple[float, int]], now: float | None = None) -> tuple[str, float | None]:
+def describe_progress(event: Progress, seen: dict[str, tuple[float, int]],
+                      now: float | None = None) -> tuple[str, float | None]:
     """One line for a progress event (stage, step i/N, ETA) and the fraction done, if known.
 
     ``seen`` keeps, per stage, when and at which step the follower first saw it; the ETA is

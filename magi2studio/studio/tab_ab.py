@@ -40,7 +40,8 @@ def verdict_text(report: dict) -> str:
         lines += [f"- {group}: {', '.join(names)}" for group, names in identity.get("groups", {}).items()]
     if "median_ratio" in timing:
         lines.append(f"**candidate/control: median {timing['median_ratio']:.4f}** (range {timing['min_ratio']:.4f}-"
-                     f"{timing['max_ratio']:.4f}, spread {timing['spread_pct']:.2f}%) over {timing['compared_pairs']} pairs")
+                     f"{timing['max_ratio']:.4f}, spread {timing['spread_pct']:.2f}%) "
+                     f"over {timing['compared_pairs']} pairs")
     else:
         lines.append(timing["note"])
     lines += [f"- excluded {text}" for text in timing["excluded"]]
@@ -112,10 +113,11 @@ def build(ctx: StudioContext) -> None:
             if kind in ("finished", "stopped", "error"):
                 break
             runs_seen[first.order] = first
+            which = f"run {first.order + 1}/{2 * count} ({first.side})"
             if kind == "progress" and payload.get("step") is not None:
-                line = f"run {first.order + 1}/{2 * count} ({first.side}): step {payload['step'] + 1}/{payload['total']}"
+                line = f"{which}: step {payload['step'] + 1}/{payload['total']}"
             elif kind in ("start", "done"):
-                line = f"run {first.order + 1}/{2 * count} ({first.side}): {first.status if kind == 'done' else 'starting'}"
+                line = f"{which}: {first.status if kind == 'done' else 'starting'}"
             else:
                 continue
             yield line, run_rows([runs_seen[k] for k in sorted(runs_seen)]), gr.skip()

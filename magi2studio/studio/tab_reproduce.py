@@ -23,7 +23,8 @@ from ..tiers import get_tier
 from .context import StudioContext
 
 TAB_ID = "reproduce"
-COLUMNS = ["sample", "status", "mode", "seed", "tier", "steps", "frames sha256", "pcm sha256", "gate ms/step", "verdict"]
+COLUMNS = ["sample", "status", "mode", "seed", "tier", "steps", "frames sha256", "pcm sha256", "gate ms/step",
+           "verdict"]
 BUNDLED_CHOICE = "Sand AI's demo_samples.json (bundled)"
 UPLOAD_CHOICE = "Upload a set"
 
@@ -148,7 +149,8 @@ def build(ctx: StudioContext) -> None:
         threading.Thread(target=work, name=f"reproduce-{owner}", daemon=True).start()
         total = len(sample_set.samples)
         done = 0
-        line = f"{total} entries to run or resume" + (f", {len(sample_set.skipped)} skipped" if sample_set.skipped else "")
+        skipped = f", {len(sample_set.skipped)} skipped" if sample_set.skipped else ""
+        line = f"{total} entries to run or resume{skipped}"
         yield line, None, None, ""
         while True:
             kind, first, payload = events.get()

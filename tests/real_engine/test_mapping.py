@@ -67,7 +67,8 @@ def as_request_output(diffusion_output, request):
     raw = pipeline_magi2._magi2_post_process(diffusion_output.output)
     config = OmniDiffusionConfig.from_kwargs(model="sand-ai/MAGI-2-preview", model_class_name="Magi2Pipeline")
     (output,) = format_diffusion_outputs(request=request, od_config=config, diffusion_output=diffusion_output,
-                                         output_data=raw, postprocess_output=normalize_diffusion_postprocess_output(raw))
+                                         output_data=raw,
+                                         postprocess_output=normalize_diffusion_postprocess_output(raw))
     return output
 
 

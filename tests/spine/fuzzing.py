@@ -29,7 +29,8 @@ ERROR_LINE = re.compile(r"^error: [^\n]+: [^\n]+\. Fix: [^\n]+$")
 
 junk = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=40), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    st.text(max_size=40), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
 )
 paths = st.one_of(
     st.sampled_from(["p.txt", "img.png", "../p.txt", "../../etc/passwd", "/etc/passwd", "sub/../p.txt", "link.txt",

@@ -59,7 +59,8 @@ class BlockWindow:
 
         window = attn_config["window"]
         expected = {"mode": attn_config.get("mode"), "level": window.get("level"),
-                    "block_mode": window.get("block_mode"), "frame_receptive_field": window.get("frame_receptive_field"),
+                    "block_mode": window.get("block_mode"),
+                    "frame_receptive_field": window.get("frame_receptive_field"),
                     "full_attn_layers": window.get("full_attn_layers")}
         if expected != {"mode": "window", "level": "block", "block_mode": "grid", "frame_receptive_field": -1,
                         "full_attn_layers": []}:

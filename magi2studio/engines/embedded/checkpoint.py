@@ -1,9 +1,10 @@
 """Generate the tiny checkpoint in the released ``sand-ai/MAGI-2-preview`` folder layout.
 
 The tree is what the real engine expects (``preview/model.safetensors.index.json`` + shards,
-``refiner/`` the same way for the 1080p refiner DiT, ``text_encoder/``, ``vae/Wan2.2_VAE.pth``, ``turbo_vae/``, ``stable-audio-open-1.0/``), with
-seeded random weights, so the engine loads it through upstream's loading code. The one
-stand-in is the image encoder under ``vae/`` (see :mod:`.components`).
+``refiner/`` the same way for the 1080p refiner DiT, ``text_encoder/``, ``vae/Wan2.2_VAE.pth``,
+``turbo_vae/``, ``stable-audio-open-1.0/``), with seeded random weights, so the engine loads it
+through upstream's loading code. The one stand-in is the image encoder under ``vae/`` (see
+:mod:`.components`).
 """
 
 from __future__ import annotations

@@ -109,4 +109,5 @@ def load_components(root: Path) -> Components:
     video_decoder = Magi2TurboVAEDecoder(root / "turbo_vae" / TURBO_CONFIG_NAME, root / "turbo_vae" / "checkpoint.ckpt",
                                          device="cpu", dtype=torch.float32)
     audio_decoder = Magi2AudioDecoder(root / "stable-audio-open-1.0", device="cpu", dtype=torch.float32)
-    return Components(config, root, transformer, refiner, text_encoder, image_encoder, video_decoder, audio_decoder, loaded)
+    return Components(config, root, transformer, refiner, text_encoder, image_encoder, video_decoder, audio_decoder,
+                      loaded)

@@ -85,7 +85,8 @@ class EmbeddedEngine(Engine):
             heads["refiner KV groups"] = self.config.refiner_num_query_groups
         for what, count in heads.items():
             if count % layout.sp:
-                divisors = ", ".join(f"sp{d}" for d in range(1, MAX_RANKS + 1) if all(c % d == 0 for c in heads.values()))
+                divisors = ", ".join(f"sp{d}" for d in range(1, MAX_RANKS + 1)
+                                     if all(c % d == 0 for c in heads.values()))
                 raise InputError("layout", f"the tiny config's {count} {what} do not divide by sp{layout.sp}",
                                  f"use {divisors}")
         if tier.refined and layout.vae_patch_parallel(tier) != layout.world_size:
@@ -187,7 +188,8 @@ class EmbeddedEngine(Engine):
             timer = StepTimer(stage="preview", rank=0, on_step=on_step)
             with active(timer):
                 out = self._driver.run(request, tier, steps, refiner_steps,
-                                       on_stage=lambda name: emit(Progress(name, elapsed_s=time.perf_counter() - started)),
+                                       on_stage=lambda name: emit(Progress(name,
+                                                                           elapsed_s=time.perf_counter() - started)),
                                        output_size=output_size(request))
         return Generation(
             frames=out.frames,

@@ -363,7 +363,8 @@ class RankPool:
         if cancelled:
             if done:  # some ranks finished while others stopped: the collective broke
                 self.close()
-                raise EngineError(f"ranks {sorted(cancelled)} stopped but {sorted(done)} finished; the pool was stopped")
+                raise EngineError(f"ranks {sorted(cancelled)} stopped but {sorted(done)} finished; "
+                                  "the pool was stopped")
             raise Cancelled(cancelled[min(cancelled)])
         records = [record for rank in sorted(done) for record in done[rank][2]]
         _, _, _, frames, audio, stage_ms, negative = done[0]

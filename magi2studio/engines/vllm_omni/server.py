@@ -217,7 +217,8 @@ class VllmOmniServerEngine(Engine):
     def _command_hint(self, layout: Layout | None = None) -> str:
         layout = layout or self._layout or self.server_layout or Layout(4, 2)
         return serve_command(layout, get_tier("272p"), model=self.model_path, port=self.port,
-                             compile_mode=self.server_compile, metrics_dir=str(self.metrics_dir) if self.metrics_dir else None)
+                             compile_mode=self.server_compile,
+                             metrics_dir=str(self.metrics_dir) if self.metrics_dir else None)
 
     @staticmethod
     def _detail(response) -> str:
@@ -252,7 +253,8 @@ class VllmOmniServerEngine(Engine):
         health = self._http("GET", "/health", what="the health check", timeout=timeout_s)
         if health.status_code != 200:
             raise EngineError(f"vLLM-Omni server {self.server_url} is unhealthy (GET /health: HTTP "
-                              f"{health.status_code}: {self._detail(health)}). Fix: see the server's log and restart it")
+                              f"{health.status_code}: {self._detail(health)}). "
+                              "Fix: see the server's log and restart it")
         models = self._http("GET", "/v1/models", what="the model list", timeout=timeout_s)
         if models.status_code != 200:
             self._refuse(models, "the model list")
@@ -385,7 +387,8 @@ class VllmOmniServerEngine(Engine):
         inference = response.headers.get("X-Inference-Time-S")
         job = {"id": response.headers.get("X-Request-Id"), "model": response.headers.get("X-Model"),
                "inference_time_s": float(inference) if inference else None,
-               "peak_memory_mb": float(response.headers["X-Peak-Memory-MB"]) if response.headers.get("X-Peak-Memory-MB") else None}
+               "peak_memory_mb": (float(response.headers["X-Peak-Memory-MB"])
+                                  if response.headers.get("X-Peak-Memory-MB") else None)}
         if job["inference_time_s"] is not None:
             stage_ms["server_inference"] = job["inference_time_s"] * 1e3
         return response.content, job, stage_ms
@@ -410,7 +413,8 @@ class VllmOmniServerEngine(Engine):
             if status == FAILED:
                 error = job.get("error") or {}
                 raise EngineError(f"vLLM-Omni server job {job_id} failed (code {error.get('code')}): "
-                                  f"{' '.join(str(error.get('message', 'no message')).split())}. Fix: see the server's log")
+                                  f"{' '.join(str(error.get('message', 'no message')).split())}. "
+                                  "Fix: see the server's log")
             if status not in (QUEUED, IN_PROGRESS):
                 raise EngineError(f"vLLM-Omni server job {job_id} has an unknown status {status!r}")
             if self._wait(cancel):
