@@ -1,4 +1,4 @@
-"""``ab``: the blog's paired method (seed 2.1, 5.2): one request, control and candidate alternating.
+"""``ab``: the blog's paired method (MUSA report 2.1, 5.2): one request, control and candidate alternating.
 
 Runs go C, K, C, K, ... for n pairs in one session. A side is env overrides, engine options,
 request overrides and a layout. Every run is a fresh process (``python -m magi2studio.ab
@@ -250,7 +250,7 @@ def compare(runs: list[AbRun]) -> dict[str, Any]:
         if control.status != "ok" or candidate.status != "ok":
             excluded.append(f"{label}: a run did not complete")
         elif control.hashes != candidate.hashes:
-            excluded.append(f"{label}: outputs differ, so its times are not compared (seed 2.1)")
+            excluded.append(f"{label}: outputs differ, so its times are not compared (MUSA report 2.1)")
         elif control.gate_ms is None or candidate.gate_ms is None:
             excluded.append(f"{label}: no gate metric (it needs at least 3 steps: steps 0 and 1 are dropped)")
         else:

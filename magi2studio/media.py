@@ -13,13 +13,13 @@ AAC_FRAME = 1024
 
 
 def frames_sha256(frames: np.ndarray) -> str:
-    """sha256 of the decoded frames as uint8 [F, H, W, 3], C order (the seed's image hash)."""
+    """sha256 of the decoded frames as uint8 [F, H, W, 3], C order (the MUSA report's image hash)."""
 
     return hashlib.sha256(np.ascontiguousarray(frames, dtype=np.uint8).tobytes()).hexdigest()
 
 
 def pcm_sha256(audio: np.ndarray) -> str:
-    """sha256 of the PCM as float32 [samples, channels], C order (the seed's audio hash)."""
+    """sha256 of the PCM as float32 [samples, channels], C order (the MUSA report's audio hash)."""
 
     return hashlib.sha256(np.ascontiguousarray(audio, dtype=np.float32).tobytes()).hexdigest()
 

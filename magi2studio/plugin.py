@@ -2,7 +2,7 @@
 
 Declared in the ``vllm.general_plugins`` entry-point group; vLLM-Omni calls
 ``load_omni_general_plugins()`` in every diffusion worker, so :func:`register` runs once per
-worker process before the pipeline is built. It replaces the seed's ``instrument-steps.py``
+worker process before the pipeline is built. It replaces the MUSA report's ``instrument-steps.py``
 (which edited installed sources): nothing on disk is changed.
 
 Env switches (read in the worker, so set them before the engine starts):
@@ -61,7 +61,7 @@ def kernels_file(metrics_dir: str | Path) -> Path:
 
 
 class WorkerStepTimer(StepTimer):
-    """The spine's StepTimer, with the rank read per sample (workers learn it after plugins load)."""
+    """magi2studio.timing's StepTimer, with the rank read per sample (workers learn it after plugins load)."""
 
     def __init__(self, metrics_dir: Path, stage: str, cancel_file: str | None) -> None:
         super().__init__(stage=stage, on_step=self._step_finished, on_sample=self._sample_finished)

@@ -82,6 +82,25 @@ class Request(BaseModel):
         return build_request(**data)
 
 
+def whole_number(value: Any, field: str) -> Any:
+    """The one parser of whole numbers typed as text (CLI flags, studio fields) or sent as numbers.
+
+    ``None`` stays ``None`` (the default); text and integral floats become ints; anything else
+    is returned for the request model to refuse in its own words.
+    """
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise InputError(field, f"{value.strip()!r} is not a whole number",
+                             "give a whole number, or leave it out for the default") from None
+    if isinstance(value, float) and not isinstance(value, bool):
+        if not value.is_integer():
+            raise InputError(field, f"{value} is not a whole number", "use a whole number")
+        return int(value)
+    return value
+
+
 _FIXES = {
     "mode": "use t2va or i2va",
     "prompt": "give a non-empty prompt",

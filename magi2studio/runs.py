@@ -167,7 +167,7 @@ def verify_run(path: Path) -> RunFolder:
 def timing_summary(generation: Generation) -> dict[str, Any]:
     stages = sorted({r["stage"] for r in generation.step_records}, key=lambda s: (s != "preview", s))
     return {
-        "metric": "per step the slowest rank; steps 0 and 1 dropped; mean of the rest (seed 2.1)",
+        "metric": "per step the slowest rank; steps 0 and 1 dropped; mean of the rest (MUSA report 2.1)",
         "stages": {stage: gate_summary(generation.step_records, stage) for stage in stages},
         "stage_ms": generation.stage_ms,
     }

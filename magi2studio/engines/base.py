@@ -8,7 +8,6 @@ return arrays; :mod:`magi2studio.runs` turns them into a run folder the same way
 from __future__ import annotations
 
 import os
-
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -20,10 +19,6 @@ import numpy as np
 from ..layouts import Layout
 from ..request import Request
 from ..tiers import Tier
-
-# Stage names used in progress events, steps.jsonl and the manifest's stage times.
-STAGES = ("load", "encode", "preview", "refiner", "decode_video", "decode_audio", "mux")
-
 
 @dataclass(frozen=True)
 class Progress:

@@ -13,7 +13,7 @@ from ..engines.base import Capabilities, Engine
 from ..errors import InputError
 from ..layouts import PRESETS, Layout, check_shape, memory_fit_line, parse_layout
 from ..paths import inside
-from ..request import Request, build_request, check_image, read_prompt_file
+from ..request import Request, build_request, check_image, read_prompt_file, whole_number
 from ..tiers import get_tier
 
 CUSTOM = "custom"
@@ -41,21 +41,8 @@ def _blank(value: Any) -> bool:
 
 
 def _whole(value: Any, field: str) -> int | None:
-    """Optional whole numbers arrive as text (blank: the engine's default) or, from the API, as
-    numbers; whole ones become ints, anything else is refused."""
-    if _blank(value):
-        return None
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            raise InputError(field, f"{value.strip()!r} is not a whole number",
-                             "write a whole number, or leave it blank for the default") from None
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise InputError(field, f"{value} is not a whole number", "use a whole number")
-        return int(value)
-    return value
+    """Optional whole numbers arrive as text (blank: the engine's default) or, from the API, as numbers."""
+    return None if _blank(value) else whole_number(value, field)
 
 
 def layout_from_form(preset: str | None, sp: Any, cfg: Any, ep: Any) -> Layout:

@@ -291,7 +291,7 @@ def _first_runnable_tier(caps) -> str:
 
 def _default_preset(ctx: StudioContext) -> str:
     """The layout the engine runs or preloads, else the first preset it takes without warnings
-    (PRESETS lists the seed's fastest layouts first)."""
+    (PRESETS lists the MUSA report's fastest layouts first)."""
     layout = ctx.engine.layout or ctx.slot.preload
     if layout is not None:
         return layout.name if layout.name in PRESETS else F.CUSTOM

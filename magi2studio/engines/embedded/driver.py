@@ -29,7 +29,7 @@ from ...tiers import AUDIO_SAMPLE_RATE, Tier, get_tier
 from ...timing import stage
 from .components import Components
 
-AUDIO_CHANNELS = 64
+AUDIO_LATENT_CHANNELS = 64
 VIDEO_CHANNELS = 48
 SANDAI_REFINER_JSON = Path(__file__).resolve().parents[2] / "data" / "sandai" / "magi2_refiner.json"
 DECODE_CHUNK_FRAMES = 2  # decoded frames upsampled at once (fp32 2 x 1088 x 1920 x 3 = 50 MB)
@@ -224,7 +224,7 @@ class EmbeddedDriver:
             audio_latent=audio_latent,
             txt_feat=context,
             null_txt_feat=context_null,
-            ref_audio_feat=torch.zeros(1, 0, AUDIO_CHANNELS, device=self.device),
+            ref_audio_feat=torch.zeros(1, 0, AUDIO_LATENT_CHANNELS, device=self.device),
             ref_video_feat=None,
             video_scheduler=video_scheduler,
             audio_scheduler=audio_scheduler,
@@ -274,7 +274,7 @@ class EmbeddedDriver:
         # from the CPU generator, so every device and layout starts from the same noise.
         latent = torch.randn(1, VIDEO_CHANNELS, config.latent_frames, preview_tier.height // stride,
                              preview_tier.width // stride, dtype=torch.float32).to(self.device)
-        audio_latent = torch.randn(1, audio_length, AUDIO_CHANNELS, dtype=torch.float32).to(self.device)
+        audio_latent = torch.randn(1, audio_length, AUDIO_LATENT_CHANNELS, dtype=torch.float32).to(self.device)
         video_scheduler, audio_scheduler = build_magi2_preview_schedulers(steps, device=self.device, shift=7.0)
         sampler_input = self._sampler_input(latent, audio_latent, context, context_null, video_scheduler,
                                             audio_scheduler, request.video_cfg, request.audio_cfg,

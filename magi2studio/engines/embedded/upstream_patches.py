@@ -3,7 +3,7 @@
 vLLM-Omni 0.30.0 has no CPU platform: ``UnspecifiedOmniPlatform`` reports 0 devices, and
 its distributed set-up divides by that count. The sampler needs the CFG-parallel group, so
 even one process initializes upstream's distributed environment (gloo on 127.0.0.1).
-``tests/embedded/test_upstream_patches.py`` fails loudly if these pinned internals change.
+``tests/requests_and_runs/test_upstream_patches.py`` fails loudly if these pinned internals change.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """``engine: vllm-omni-server``: drive an already running ``vllm-omni serve MODEL --omni``.
 
-The contract is vLLM-Omni 0.30.0's own ``/v1/videos`` family (``entrypoints/openai/api_server.py``,
-form parser ``video/generation/helpers.py:_parse_video_form``, models ``protocol/videos.py``):
-
-- ``POST /v1/videos``: multipart form; returns a ``VideoResponse`` (``id``, ``status`` queued).
-  The MAGI-2 extras (``resolution``, ``seconds``, ``deterministic``) go in ``extra_params``, a
-  JSON object string merged into ``OmniDiffusionSamplingParams.extra_args``; I2VA's first frame
-  is the ``input_reference`` file part.
-- ``GET /v1/videos/{id}``: the job; ``status`` is ``queued`` / ``in_progress`` / ``completed`` /
-  ``failed``. A failed job comes back with an HTTP error status and the job (with ``error``) as body.
-  A completed job carries ``stage_durations`` (seconds) and ``inference_time_s``.
-- ``DELETE /v1/videos/{id}``: aborts an in-flight job on the engine, or deletes a finished one.
-- ``GET /v1/videos/{id}/content``: the mp4 (H.264 + AAC).
-- ``POST /v1/videos/sync``: same form, blocks, returns the mp4 with headers ``X-Request-Id``,
-  ``X-Model``, ``X-Inference-Time-S``, ``X-Stage-Durations`` (JSON, seconds), ``X-Peak-Memory-MB``.
-
-The server's layout, compile mode and deterministic flag are fixed at its launch and it does not
-report them over HTTP (``/v1/models`` lists model ids, ``/health`` a status), so they are declared
-(``server_layout``) or assumed from the first start, and every change is refused with the command
-line that would start a matching server. Per-step timings exist only when the worker plugin's
-metrics folder (``MAGI2STUDIO_METRICS_DIR`` on the server) is shared with this process.
+The HTTP contract is vLLM-Omni 0.30.0's own ``/v1/videos`` family; docs/engines.md ("Server
+mode", "The contract") lists every call and what is sent and read. The server's layout, compile
+mode and deterministic flag are fixed at its launch and it does not report them, so they are
+declared (``server_layout``) or assumed from the first start, and every change is refused with
+the command line that would start a matching server.
 """
 
 from __future__ import annotations

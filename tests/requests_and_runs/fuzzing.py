@@ -3,7 +3,7 @@
 Each ``attempt_*`` feeds one drawn input through a real entry point and returns its outcome:
 ``accepted`` (it would run), ``refused`` (one ``<field>: <problem>. Fix: <fix>`` line),
 ``traceback`` (any other exception, or an ``internal error`` line) or ``leftover`` (a file
-appeared where none may). tests/spine/test_fuzz_inputs.py asserts the last two never happen;
+appeared where none may). tests/requests_and_runs/test_fuzz_inputs.py asserts the last two never happen;
 scripts/fuzz_counts.py counts all four.
 """
 
