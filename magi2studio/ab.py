@@ -276,7 +276,6 @@ def run_ab(base: Request, sides: tuple[Side, Side], pairs: int, *, engine_name: 
     """Validate everything, run the pairs, write ``ab.json`` and ``ab.md``; return the report."""
 
     from .engines import get_engine
-    from .tiers import get_tier
 
     check_pairs(pairs)
     if isolation not in ISOLATIONS:
@@ -285,7 +284,7 @@ def run_ab(base: Request, sides: tuple[Side, Side], pairs: int, *, engine_name: 
     requests = {side.label: side_request(base, side) for side in sides}
     for side in sides:
         engine = get_engine(engine_name, **side.engine_options)
-        engine.check_layout(parse_layout(side.layout), get_tier(requests[side.label].tier))
+        engine.plan(requests[side.label], parse_layout(side.layout))
     out = check_outputs_root(Path(out))
     runs_root = check_outputs_root(out / "runs")
     by_label = {side.label: side for side in sides}

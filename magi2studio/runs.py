@@ -22,7 +22,7 @@ from typing import Any
 
 from . import determinism, media, provenance
 from .engines import ENGINE_NAMES
-from .engines.base import Engine, Generation, Progress, ProgressCallback
+from .engines.base import Engine, Generation, Plan, Progress, ProgressCallback
 from .errors import InputError
 from .layouts import Layout, parse_layout
 from .paths import read_text
@@ -241,15 +241,22 @@ def write_run(root: Path, request: Request, layout: Layout, generation: Generati
 def execute(engine: Engine, request: Request, layout: Layout, outputs_root: Path, *,
             on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None,
             extra: dict[str, Any] | None = None) -> RunFolder:
-    """Validate, (re)start the engine for the layout, generate, and write the run folder."""
+    """Plan (check the request and layout once), then run the plan into a run folder."""
 
-    tier = get_tier(request.tier)
-    engine.check_layout(layout, tier)  # before the outputs root is made: a refusal leaves no ./outputs
+    plan = engine.plan(request, layout)  # before the outputs root is made: a refusal leaves no ./outputs
+    return execute_plan(engine, plan, outputs_root, on_progress=on_progress, cancel=cancel, extra=extra)
+
+
+def execute_plan(engine: Engine, plan: Plan, outputs_root: Path, *,
+                 on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None,
+                 extra: dict[str, Any] | None = None) -> RunFolder:
+    """(Re)start the engine for the plan's layout, generate, and write the run folder."""
+
     check_outputs_root(outputs_root)
     started = time.time()
-    if engine.start(layout) and on_progress is not None:
-        on_progress(Progress("load", message=f"engine started for layout {layout.name}"))
-    generation = engine.generate(request, on_progress=on_progress, cancel=cancel)
+    if engine.start(plan.layout) and on_progress is not None:
+        on_progress(Progress("load", message=f"engine started for layout {plan.layout.name}"))
+    generation = engine.generate(plan.request, on_progress=on_progress, cancel=cancel)
     if on_progress is not None:
         on_progress(Progress("mux", message="writing the run folder"))
-    return write_run(outputs_root, request, layout, generation, started, extra)
+    return write_run(outputs_root, plan.request, plan.layout, generation, started, extra)

@@ -19,7 +19,6 @@ from ..errors import Cancelled, EngineError, InputError, describe_os_error
 from ..layouts import parse_layout
 from ..reproduce import BUNDLED_REFERENCES, load_reference, reproduce
 from ..samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
-from ..tiers import get_tier
 from .context import StudioContext
 
 TAB_ID = "reproduce"
@@ -96,8 +95,7 @@ def build(ctx: StudioContext) -> None:
                                          seed_policy=policy_value, defaults=defaults, skip_missing=skip_value,
                                          root=None if set_path == BUNDLED_ALIAS else set_path.parent.parent)
             chosen_layout = parse_layout(layout_value)
-            for sample in sample_set.samples:
-                ctx.engine.check_layout(chosen_layout, get_tier(sample.request.tier))
+            plans = {sample.name: ctx.engine.plan(sample.request, chosen_layout) for sample in sample_set.samples}
             reference_path = expect_path or (None if expect_value == "none" else expect_value)
             reference = load_reference(reference_path) if reference_path else None
         except (InputError, OSError) as err:
@@ -111,7 +109,7 @@ def build(ctx: StudioContext) -> None:
         active_runs[owner] = cancel
 
         def through_slot(sample, extra, on_progress, cancel_event):
-            job = ctx.slot.submit(sample.request, chosen_layout, owner)
+            job = ctx.slot.submit(plans[sample.name], owner)
             for update in ctx.slot.follow(job):
                 if cancel_event is not None and cancel_event.is_set():
                     ctx.slot.cancel(owner)

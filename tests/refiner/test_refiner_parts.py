@@ -172,12 +172,12 @@ def test_cli_output_size_and_refiner_steps_flags_reach_the_request():
 
 def test_the_studio_form_passes_refiner_steps_for_1080p():
     from magi2studio.engines.embedded.engine import EmbeddedEngine
-    from magi2studio.studio.form import request_from_form
+    from magi2studio.studio.form import plan_from_form
 
     engine = EmbeddedEngine()
-    request, layout, _ = request_from_form({"prompt": "p", "tier": "1080p", "refiner_steps": "3", "video_cfg": 5.0,
-                                            "audio_cfg": 7.0, "layout_preset": "sp1-cfg1"},
-                                           engine.capabilities(), engine)
+    plan = plan_from_form({"prompt": "p", "tier": "1080p", "refiner_steps": "3", "video_cfg": 5.0,
+                           "audio_cfg": 7.0, "layout_preset": "sp1-cfg1"}, engine.capabilities(), engine)
+    request, layout = plan.request, plan.layout
     assert (request.tier, request.refiner_steps, layout.name) == ("1080p", 3, "sp1-cfg1")
     assert engine._resolve(request)[2] == 3
     assert engine._resolve(build_request(prompt="p", tier="1080p"))[2] == engine.config.default_refiner_steps
