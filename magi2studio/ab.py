@@ -25,10 +25,10 @@ from typing import Any
 
 import yaml
 
+from .atomic import write_atomic
 from .errors import Cancelled, EngineError, InputError
 from .layouts import parse_layout
 from .request import Request, build_request
-from .reproduce import write_atomic
 from .runs import check_outputs_root
 
 REPORT_FORMAT = "magi2studio-ab-report/1"

@@ -41,7 +41,9 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..layouts import parse_layout
-    from ..reproduce import load_reference, reference_from_report, reproduce, write_atomic
+    from ..atomic import write_atomic
+    from ..references import load_reference, reference_from_report
+    from ..reproduce import reproduce
     from ..samples import load_sample_set
     from ..tiers import get_tier
 

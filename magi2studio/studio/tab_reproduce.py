@@ -17,7 +17,8 @@ import gradio as gr
 
 from ..errors import Cancelled, EngineError, InputError, describe_os_error
 from ..layouts import parse_layout
-from ..reproduce import BUNDLED_REFERENCES, load_reference, reproduce
+from ..references import BUNDLED_REFERENCES, load_reference
+from ..reproduce import reproduce
 from ..samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
 from .context import StudioContext
 
