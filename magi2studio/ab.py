@@ -1,8 +1,8 @@
 """``ab``: the blog's paired method (MUSA report 2.1, 5.2): one request, control and candidate alternating.
 
 Runs go C, K, C, K, ... for n pairs in one session. A side is env overrides, engine options,
-request overrides and a layout. Every run is a fresh process (``python -m magi2studio.ab
---run-one``) with the side's env in place before anything is imported, so an override
+request overrides and a layout. Every run is a fresh process (``python -m
+magi2studio.ab_run``) with the side's env in place before anything is imported, so an override
 that is read at import time or at engine start (``MAGI2_KERNELS``, ``TORCHINDUCTOR_*``)
 really reaches the engine, and each run starts its engine cold, as the blog launched each
 side anew. Timing is compared only between runs whose outputs are bit-identical.
@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from .ab_run import run_spec
 from .atomic import write_atomic
 from .errors import Cancelled, EngineError, InputError
 from .layouts import parse_layout
@@ -132,7 +133,7 @@ def run_one_in_child(spec: dict[str, Any], env: dict[str, str], on_line: Callabl
     """Start a fresh interpreter for one run and relay its progress lines."""
 
     child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "magi2studio.ab", "--run-one", json.dumps(spec)],
+    process = subprocess.Popen([sys.executable, "-m", "magi2studio.ab_run", json.dumps(spec)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env)
     stderr_lines: list[str] = []
     drain = threading.Thread(target=lambda: stderr_lines.extend(process.stderr), daemon=True)
@@ -163,33 +164,6 @@ def run_one_in_child(spec: dict[str, Any], env: dict[str, str], on_line: Callabl
     return result
 
 
-def run_spec(spec: dict[str, Any], on_line: Callable[[dict], None], cancel: threading.Event | None) -> dict[str, Any]:
-    """Start a new engine, run the spec's request, close the engine; return what the report needs."""
-
-    from .engines import get_engine
-    from .runs import execute
-
-    request = build_request(**spec["request"])
-    layout = parse_layout(spec["layout"])
-
-    def relay(progress) -> None:
-        on_line({"event": "progress", "stage": progress.stage, "step": progress.step, "total": progress.total,
-                 "message": progress.message})
-
-    engine = get_engine(spec["engine"], **spec["engine_options"])
-    try:
-        t0 = time.perf_counter()
-        engine.start(layout)  # timed here: the cost of a new engine per run
-        start_ms = (time.perf_counter() - t0) * 1e3
-        run = execute(engine, request, layout, Path(spec["out"]), on_progress=relay, cancel=cancel,
-                      extra=spec["extra"])
-    finally:
-        engine.close()
-    timing = run.manifest["timing"]
-    return {"event": "done", "run": run.path.name, "hashes": run.manifest["hashes"],
-            "gate_ms": timing["stages"].get("preview", {}).get("gate_ms"), "engine_start_ms": start_ms}
-
-
 @contextmanager
 def env_overrides(env: dict[str, str]):
     """Set ``env`` in this process for the block, then put every variable back as it was."""
@@ -217,14 +191,6 @@ def run_one_restarted(spec: dict[str, Any], env: dict[str, str], on_line: Callab
         raise
     except Exception as err:  # reported as this run's failure; the other runs go on
         raise EngineError(f"{err.__class__.__name__}: {err}") from err
-
-
-def child_main(spec_text: str) -> int:
-    """In the fresh process: run the spec, printing progress and the result as JSON lines."""
-
-    result = run_spec(json.loads(spec_text), lambda line: print(json.dumps(line), flush=True), None)
-    print(json.dumps(result), flush=True)
-    return 0
 
 
 def compare(runs: list[AbRun]) -> dict[str, Any]:
@@ -377,14 +343,3 @@ def write_ab_reports(out: Path, report: dict[str, Any]) -> dict[str, Path]:
     write_atomic(paths["json"], json.dumps(report, indent=2, default=str) + "\n")
     write_atomic(paths["md"], report_markdown(report))
     return paths
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--run-one":
-        try:
-            sys.exit(child_main(sys.argv[2]))
-        except Exception as err:  # the parent reads this line as the run's failure
-            print(f"{err.__class__.__name__}: {err}", file=sys.stderr)
-            sys.exit(1)
-    print("usage: python -m magi2studio.ab --run-one SPEC_JSON (used by magi2studio ab)", file=sys.stderr)
-    sys.exit(2)
