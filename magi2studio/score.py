@@ -321,7 +321,7 @@ def score_run(path: str | Path) -> Score:
     """Score a run folder against the prompt it was made from."""
 
     from . import runs
-    from .engines.vllm_omni.server import decode_mp4
+    from .media import decode_mp4
 
     folder = runs.load_run(Path(path))
     request = folder.manifest["request"]

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from magi2studio.capabilities import detect, tier_refusal
+from magi2studio.engines.vllm_omni.capabilities import detect, tier_refusal
 from magi2studio.engines.vllm_omni import params
 from magi2studio.engines.vllm_omni.engine import VllmOmniEngine
 from magi2studio.engines.vllm_omni.output import map_output

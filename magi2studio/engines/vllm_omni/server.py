@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import numpy as np
 
-from ...capabilities import detect, tier_refusal
 from ...errors import Cancelled, EngineError, InputError
+from ...media import decode_mp4
 from ...layouts import Layout, parse_layout, rules_for_real_model
 from ...plugin import PROGRESS_FILE
 from ...request import Request
 from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...weights import resolve_root
 from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback
+from .capabilities import detect, tier_refusal
 from . import params
 
 ENV_SERVER_URL = "MAGI2STUDIO_SERVER_URL"
@@ -105,36 +105,6 @@ def parse_stage_durations(text: str | None) -> dict[str, float]:
                                              for v in data.values()):
         raise EngineError(f"X-Stage-Durations is not an object of seconds: {text[:200]!r}")
     return {str(name): float(seconds) * 1e3 for name, seconds in data.items()}
-
-
-def decode_mp4(data: bytes) -> tuple[np.ndarray, np.ndarray, float, int]:
-    """mp4 bytes -> frames uint8 [F,H,W,3], audio float32 [samples, channels], fps, sample rate."""
-
-    import av
-
-    try:
-        with av.open(io.BytesIO(data)) as container:
-            if not container.streams.video or not container.streams.audio:
-                raise EngineError(f"the server's mp4 has {len(container.streams.video)} video and "
-                                  f"{len(container.streams.audio)} audio streams; MAGI-2 returns one of each")
-            video_stream = container.streams.video[0]
-            fps = float(video_stream.average_rate or video_stream.guessed_rate)
-            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
-        with av.open(io.BytesIO(data)) as container:
-            audio_stream = container.streams.audio[0]
-            sample_rate = int(audio_stream.rate)
-            chunks = []
-            for frame in container.decode(audio=0):
-                array = frame.to_ndarray()
-                if not frame.format.is_planar:  # interleaved: [1, samples * channels]
-                    array = array.reshape(-1, len(frame.layout.channels)).T
-                chunks.append(array.astype(np.float32, copy=False))
-    except av.error.FFmpegError as err:
-        raise EngineError(f"the server's mp4 could not be decoded ({err})") from None
-    if not frames or not chunks:
-        raise EngineError("the server's mp4 has no decodable frames or audio")
-    audio = np.ascontiguousarray(np.concatenate(chunks, axis=1).T)
-    return np.ascontiguousarray(np.stack(frames)), audio, fps, sample_rate
 
 
 class VllmOmniServerEngine(Engine):

@@ -16,10 +16,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from ...capabilities import detect
 from ...errors import Cancelled, EngineError
 from ...plugin import PROGRESS_FILE, kernels_file
 from ...request import build_request
+from .capabilities import detect
 from .output import map_output
 from .params import StartOptions, check_request, omni_kwargs, prompt, sampling_params
 from .process import serve
