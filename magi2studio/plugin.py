@@ -7,7 +7,7 @@ worker process before the pipeline is built. It replaces the MUSA report's ``ins
 
 Env switches (read in the worker, so set them before the engine starts):
 
-- ``MAGI2STUDIO_METRICS_DIR``: folder for this engine's records. Each rank appends its step
+- ``MAGI2STUDIO_METRICS_DIR``: folder for this engine's records (:mod:`.metrics_folder`). Each rank appends its step
   records to ``steps-rank<N>.jsonl``; rank 0 also appends ``progress.jsonl`` (one line per
   finished step). Unset: hooks stay installed but nothing is timed.
 - ``MAGI2STUDIO_CANCEL_FILE``: when this file exists at a step end, the step raises
@@ -29,13 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Cancelled
+from .metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR, PROGRESS_FILE, kernels_file, steps_file
 from .timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
 
-ENV_METRICS_DIR = "MAGI2STUDIO_METRICS_DIR"
-ENV_CANCEL_FILE = "MAGI2STUDIO_CANCEL_FILE"
 ENV_STAGE = "MAGI2STUDIO_STAGE"
 ENV_KERNELS = "MAGI2_KERNELS"
-PROGRESS_FILE = "progress.jsonl"
 
 _state: dict[str, Any] | None = None
 
@@ -48,16 +46,6 @@ def current_rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
-
-
-def steps_file(metrics_dir: str | Path, rank: int) -> Path:
-    return Path(metrics_dir) / f"steps-rank{rank}.jsonl"
-
-
-def kernels_file(metrics_dir: str | Path) -> Path:
-    """Same env and platform on every rank, so one file (the last rank to start writes it)."""
-
-    return Path(metrics_dir) / "kernels.json"
 
 
 class WorkerStepTimer(StepTimer):

@@ -17,7 +17,7 @@ from typing import Any
 from ... import determinism
 from ...errors import InputError
 from ...layouts import Layout, rules_for_real_model
-from ...plugin import ENV_CANCEL_FILE, ENV_METRICS_DIR
+from ...metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
 from ...request import Request
 from ...tiers import TIERS, Tier, get_tier
 from ...weights import check_weights, resolve_root

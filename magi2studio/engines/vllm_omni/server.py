@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 from ...errors import Cancelled, EngineError, InputError
 from ...media import decode_mp4
 from ...layouts import Layout, parse_layout, rules_for_real_model
-from ...plugin import PROGRESS_FILE
+from ...metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, step_offsets
 from ...request import Request
 from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...weights import resolve_root
@@ -283,11 +283,9 @@ class VllmOmniServerEngine(Engine):
         if int(fields["num_inference_steps"]) > MAX_SERVER_STEPS:
             raise InputError("steps", f"vLLM-Omni's /v1/videos accepts at most {MAX_SERVER_STEPS} steps",
                              f"use {MAX_SERVER_STEPS} steps or fewer, or the vllm-omni engine")
-        offsets = _step_offsets(self.metrics_dir) if self.metrics_dir else {}
+        offsets = step_offsets(self.metrics_dir) if self.metrics_dir else {}
         follower = None
         if self.metrics_dir is not None and on_progress is not None:
-            from .worker import ProgressFollower
-
             follower = ProgressFollower(self.metrics_dir / PROGRESS_FILE, lambda event: on_progress(Progress(
                 event["progress"]["stage"], step=event["progress"]["step"], total=event["progress"]["total"])))
             follower.start()
@@ -307,7 +305,7 @@ class VllmOmniServerEngine(Engine):
         stage_ms["download_decode"] = (time.perf_counter() - decode_began) * 1e3
         if sample_rate != AUDIO_SAMPLE_RATE:
             raise EngineError(f"the server's audio is {sample_rate} Hz; MAGI-2 returns {AUDIO_SAMPLE_RATE} Hz")
-        step_records = _records_since(self.metrics_dir, offsets) if self.metrics_dir else []
+        step_records = records_since(self.metrics_dir, offsets) if self.metrics_dir else []
         return Generation(
             frames=frames, audio=audio, fps=fps, sample_rate=sample_rate, step_records=step_records, stage_ms=stage_ms,
             resolved={"steps": int(fields["num_inference_steps"]), "compile": self.server_compile,
@@ -417,15 +415,3 @@ class VllmOmniServerEngine(Engine):
             self._client.close()
             self._client = None
         # _layout stays: the server keeps the layout it was launched with after we let go.
-
-
-def _step_offsets(metrics_dir: Path) -> dict[Path, int]:
-    from .worker import step_offsets
-
-    return step_offsets(metrics_dir)
-
-
-def _records_since(metrics_dir: Path, offsets: dict[Path, int]) -> list[dict[str, Any]]:
-    from .worker import records_since
-
-    return records_since(metrics_dir, offsets)
