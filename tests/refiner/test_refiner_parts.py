@@ -17,7 +17,7 @@ SHARED = Path("/work/shared/sandai-assets/magi2_refiner.json")
 
 
 def test_the_recipe_is_sand_ais_and_the_bundled_json_is_theirs():
-    from magi2studio.engines.embedded.driver import SANDAI_REFINER_JSON, refiner_recipe
+    from magi2studio.engines.embedded.refiner import SANDAI_REFINER_JSON, refiner_recipe
 
     from magi2studio.engines.embedded.tiny import TinyConfig
 
@@ -31,7 +31,7 @@ def test_the_recipe_is_sand_ais_and_the_bundled_json_is_theirs():
 
 @pytest.mark.parametrize("steps", [1, 2, 5])
 def test_the_schedule_starts_at_the_noise_value_on_the_shifted_curve(steps):
-    from magi2studio.engines.embedded.driver import refiner_recipe, refiner_schedulers
+    from magi2studio.engines.embedded.refiner import refiner_recipe, refiner_schedulers
 
     recipe = refiner_recipe()
     sigma, video, audio = refiner_schedulers(steps, recipe, torch.device("cpu"))

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import TURBO_CONFIG_NAME
 from .tiny import TINY_CONFIG_FILE, TinyConfig
+
+TURBO_CONFIG_NAME = "TurboV3-Wan22-TinyShallow_7_7.json"  # the tiny TurboVAE's config, under turbo_vae/
 
 STAND_INS = {
     "image_vae": "TinyImageEncoder (magi2studio): upstream LanceWanVAE hard-codes Wan2.2's full widths",

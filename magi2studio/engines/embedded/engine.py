@@ -20,7 +20,7 @@ from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...timing import StepTimer, active, install_step_hooks
 from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback, step_timeout_s
 from .components import STAND_INS
-from .pool import Job, RankPool, prepare_compile
+from .pool import Job, RankPool
 from .tiny import TinyConfig
 
 log = logging.getLogger(__name__)
@@ -165,6 +165,7 @@ class EmbeddedEngine(Engine):
         if self._pool is not None:
             return self._generate_on_pool(request, on_progress, cancel)
         from . import upstream_patches
+        from .driver import prepare_compile
 
         tier, steps, refiner_steps, compile_mode = self._resolve(request)
         started = time.perf_counter()
