@@ -1,8 +1,8 @@
-"""``ab``: the blog's paired method (seed 2.1, 5.2): one request, control and candidate alternating.
+"""``ab``: the blog's paired method (MUSA report 2.1, 5.2): one request, control and candidate alternating.
 
 Runs go C, K, C, K, ... for n pairs in one session. A side is env overrides, engine options,
-request overrides and a layout. Every run is a fresh process (``python -m magi2studio.ab
---run-one``) with the side's env in place before anything is imported, so an override
+request overrides and a layout. Every run is a fresh process (``python -m
+magi2studio.ab_run``) with the side's env in place before anything is imported, so an override
 that is read at import time or at engine start (``MAGI2_KERNELS``, ``TORCHINDUCTOR_*``)
 really reaches the engine, and each run starts its engine cold, as the blog launched each
 side anew. Timing is compared only between runs whose outputs are bit-identical.
@@ -25,10 +25,11 @@ from typing import Any
 
 import yaml
 
+from .ab_run import run_spec
+from .atomic import write_atomic
 from .errors import Cancelled, EngineError, InputError
 from .layouts import parse_layout
 from .request import Request, build_request
-from .reproduce import write_atomic
 from .runs import check_outputs_root
 
 REPORT_FORMAT = "magi2studio-ab-report/1"
@@ -80,7 +81,8 @@ def parse_side(label: str, settings: list[str], default_layout: str) -> Side:
         elif kind == "layout" and not dot:
             layout = value
         else:
-            raise InputError(label, f"{setting!r} starts with {kind!r}", "start it with env., engine., request. or layout=")
+            raise InputError(label, f"{setting!r} starts with {kind!r}",
+                             "start it with env., engine., request. or layout=")
     parse_layout(layout)
     return Side(label, env, options, overrides, layout)
 
@@ -131,7 +133,7 @@ def run_one_in_child(spec: dict[str, Any], env: dict[str, str], on_line: Callabl
     """Start a fresh interpreter for one run and relay its progress lines."""
 
     child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "magi2studio.ab", "--run-one", json.dumps(spec)],
+    process = subprocess.Popen([sys.executable, "-m", "magi2studio.ab_run", json.dumps(spec)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env)
     stderr_lines: list[str] = []
     drain = threading.Thread(target=lambda: stderr_lines.extend(process.stderr), daemon=True)
@@ -160,33 +162,6 @@ def run_one_in_child(spec: dict[str, Any], env: dict[str, str], on_line: Callabl
         tail = "".join(stderr_lines).strip().splitlines()[-1:] or [f"exit status {process.returncode}"]
         raise EngineError(f"run process failed: {tail[0]}")
     return result
-
-
-def run_spec(spec: dict[str, Any], on_line: Callable[[dict], None], cancel: threading.Event | None) -> dict[str, Any]:
-    """Start a new engine, run the spec's request, close the engine; return what the report needs."""
-
-    from .engines import get_engine
-    from .runs import execute
-
-    request = build_request(**spec["request"])
-    layout = parse_layout(spec["layout"])
-
-    def relay(progress) -> None:
-        on_line({"event": "progress", "stage": progress.stage, "step": progress.step, "total": progress.total,
-                 "message": progress.message})
-
-    engine = get_engine(spec["engine"], **spec["engine_options"])
-    try:
-        t0 = time.perf_counter()
-        engine.start(layout)  # timed here: the cost of a new engine per run
-        start_ms = (time.perf_counter() - t0) * 1e3
-        run = execute(engine, request, layout, Path(spec["out"]), on_progress=relay, cancel=cancel,
-                      extra=spec["extra"])
-    finally:
-        engine.close()
-    timing = run.manifest["timing"]
-    return {"event": "done", "run": run.path.name, "hashes": run.manifest["hashes"],
-            "gate_ms": timing["stages"].get("preview", {}).get("gate_ms"), "engine_start_ms": start_ms}
 
 
 @contextmanager
@@ -218,14 +193,6 @@ def run_one_restarted(spec: dict[str, Any], env: dict[str, str], on_line: Callab
         raise EngineError(f"{err.__class__.__name__}: {err}") from err
 
 
-def child_main(spec_text: str) -> int:
-    """In the fresh process: run the spec, printing progress and the result as JSON lines."""
-
-    result = run_spec(json.loads(spec_text), lambda line: print(json.dumps(line), flush=True), None)
-    print(json.dumps(result), flush=True)
-    return 0
-
-
 def compare(runs: list[AbRun]) -> dict[str, Any]:
     """The identity verdict across all runs, then ratios of the pairs whose outputs match."""
 
@@ -249,7 +216,7 @@ def compare(runs: list[AbRun]) -> dict[str, Any]:
         if control.status != "ok" or candidate.status != "ok":
             excluded.append(f"{label}: a run did not complete")
         elif control.hashes != candidate.hashes:
-            excluded.append(f"{label}: outputs differ, so its times are not compared (seed 2.1)")
+            excluded.append(f"{label}: outputs differ, so its times are not compared (MUSA report 2.1)")
         elif control.gate_ms is None or candidate.gate_ms is None:
             excluded.append(f"{label}: no gate metric (it needs at least 3 steps: steps 0 and 1 are dropped)")
         else:
@@ -275,7 +242,6 @@ def run_ab(base: Request, sides: tuple[Side, Side], pairs: int, *, engine_name: 
     """Validate everything, run the pairs, write ``ab.json`` and ``ab.md``; return the report."""
 
     from .engines import get_engine
-    from .tiers import get_tier
 
     check_pairs(pairs)
     if isolation not in ISOLATIONS:
@@ -284,7 +250,7 @@ def run_ab(base: Request, sides: tuple[Side, Side], pairs: int, *, engine_name: 
     requests = {side.label: side_request(base, side) for side in sides}
     for side in sides:
         engine = get_engine(engine_name, **side.engine_options)
-        engine.check_layout(parse_layout(side.layout), get_tier(requests[side.label].tier))
+        engine.plan(requests[side.label], parse_layout(side.layout))
     out = check_outputs_root(Path(out))
     runs_root = check_outputs_root(out / "runs")
     by_label = {side.label: side for side in sides}
@@ -336,13 +302,15 @@ def build_report(base: Request, sides: tuple[Side, Side], pairs: int, engine_nam
 def report_markdown(report: dict[str, Any]) -> str:
     request, identity, timing = report["request"], report["identity"], report["timing"]
     lines = ["# A/B report", "",
-             f"- request: {request['mode']} {request['tier']} seed {request['seed']} steps {request['steps'] or 'default'}"
+             f"- request: {request['mode']} {request['tier']} seed {request['seed']} "
+             f"steps {request['steps'] or 'default'}"
              f", engine {report['engine']}, {report['pairs']} pairs, order C, K, C, K, ...",
              f"- isolation: {report['isolation']['mode']} ({report['isolation']['what_it_means']})"]
     for label, side in report["sides"].items():
         lines.append(f"- {label}: layout {side['layout']}, env {side['env'] or '{}'}, engine options "
                      f"{side['engine_options'] or '{}'}, request overrides {side['request_overrides'] or '{}'}")
-    lines += ["", "| # | side | pair | status | gate ms/step | engine start ms | run wall s | frames sha256 | pcm sha256 |",
+    lines += ["", "| # | side | pair | status | gate ms/step | engine start ms | run wall s | frames sha256 "
+                  "| pcm sha256 |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         lines.append(f"| {r['order'] + 1} | {r['side']} | {r['pair'] + 1} | {r['status']} | {fmt(r['gate_ms'])} "
@@ -375,14 +343,3 @@ def write_ab_reports(out: Path, report: dict[str, Any]) -> dict[str, Path]:
     write_atomic(paths["json"], json.dumps(report, indent=2, default=str) + "\n")
     write_atomic(paths["md"], report_markdown(report))
     return paths
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--run-one":
-        try:
-            sys.exit(child_main(sys.argv[2]))
-        except Exception as err:  # the parent reads this line as the run's failure
-            print(f"{err.__class__.__name__}: {err}", file=sys.stderr)
-            sys.exit(1)
-    print("usage: python -m magi2studio.ab --run-one SPEC_JSON (used by magi2studio ab)", file=sys.stderr)
-    sys.exit(2)

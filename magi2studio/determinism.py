@@ -1,4 +1,4 @@
-"""The deterministic environment of the seed's appendix A.5, owned in one place.
+"""The deterministic environment of the MUSA report's appendix A.5, owned in one place.
 
 Engines apply it before torch starts; the image sets it as ENV; the manifest records it;
 ``magi2studio env`` prints it as shell exports.

@@ -20,7 +20,6 @@ from .errors import InputError
 from .layouts import PRESETS
 from .tiers import TIERS, get_tier
 
-ENGINES = ENGINE_NAMES  # the server engine probes its URL (3 s at most)
 
 
 def detect_platform() -> dict[str, Any]:
@@ -96,7 +95,7 @@ def engine_capabilities(platform: str) -> dict[str, Any]:
     """Each engine's tiers and preset layouts here, with the reason where one cannot run."""
 
     report: dict[str, Any] = {}
-    for name in ENGINES:
+    for name in ENGINE_NAMES:  # the server engine probes its URL (3 s at most)
         try:
             from .engines import get_engine
 

@@ -1,7 +1,7 @@
 """Parallel layouts: Ulysses SP degree x CFG size x optional head-sharded EP degree.
 
 Written ``spN-cfgM[-epK][-offload]``. ``rules_for_real_model`` states the real checkpoint's
-constraints (the ones vLLM-Omni's MAGI-2 pipeline validates, plus the seed's memory and
+constraints (the ones vLLM-Omni's MAGI-2 pipeline validates, plus the MUSA report's memory and
 1080p findings); an engine adds its own limits on top.
 """
 
@@ -21,7 +21,7 @@ REAL_MOE_HEADS = 12
 # Published sizes: the Preview transformer is about 212 GiB in bf16; routed experts are ~95%.
 TRANSFORMER_GIB = 212.0
 ROUTED_FRACTION = 0.95
-# Activations, workspace, staged auxiliaries and the NCCL/MCCL buffers, per GPU (seed: EP2
+# Activations, workspace, staged auxiliaries and the NCCL/MCCL buffers, per GPU (MUSA report: EP2
 # asks for 960 MiB more with 723 MiB left on 80 GB cards, so keep a conservative margin).
 WORKING_SET_GIB = 12.0
 
@@ -54,7 +54,7 @@ class Layout:
         """How many ways the MoE heads are split.
 
         Without an explicit EP degree the head axis follows the Ulysses group when TP=1
-        (seed 5.3: turning the EP flag off does not turn head sharding off).
+        (MUSA report 5.3: turning the EP flag off does not turn head sharding off).
         """
         return self.ep if self.ep is not None else self.sp
 
@@ -76,7 +76,7 @@ class Layout:
 
 
 PRESETS: dict[str, tuple[Layout, str]] = {
-    "sp8-cfg1-ep4": (Layout(8, 1, 4), "8 GPUs, the seed's fastest: 565 ms/step at 272p"),
+    "sp8-cfg1-ep4": (Layout(8, 1, 4), "8 GPUs, the MUSA report's fastest: 565 ms/step at 272p"),
     "sp8-cfg1-ep8": (Layout(8, 1, 8), "8 GPUs, EP8 pads 12 heads to 16 (two GPUs idle): 633 ms/step"),
     "sp8-cfg1": (Layout(8, 1), "8 GPUs, heads follow the Ulysses group: 698 ms/step"),
     "sp4-cfg2": (Layout(4, 2), "8 GPUs, CFG branches on separate GPUs"),
@@ -187,7 +187,7 @@ def rules_for_real_model(layout: Layout, tier: Tier, gpu_gib: float | None = Non
         raise InputError(
             "layout",
             f"1080p decode needs VAE patch-parallel = world size ({layout.world_size}); with {vae_pp} "
-            "the decode dies (seed A.4)",
+            "the decode dies (MUSA report A.4)",
             f"set the VAE patch-parallel size to {layout.world_size}",
         )
     shards = layout.moe_shards

@@ -1,25 +1,28 @@
-"""Writing a generation to files: H.264 + AAC mp4, 16-bit WAV, a poster, and array hashes."""
+"""A generation as files and back: H.264 + AAC mp4 (written and decoded), 16-bit WAV, a poster, array hashes."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import wave
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
+from .errors import EngineError
+
 AAC_FRAME = 1024
 
 
 def frames_sha256(frames: np.ndarray) -> str:
-    """sha256 of the decoded frames as uint8 [F, H, W, 3], C order (the seed's image hash)."""
+    """sha256 of the decoded frames as uint8 [F, H, W, 3], C order (the MUSA report's image hash)."""
 
     return hashlib.sha256(np.ascontiguousarray(frames, dtype=np.uint8).tobytes()).hexdigest()
 
 
 def pcm_sha256(audio: np.ndarray) -> str:
-    """sha256 of the PCM as float32 [samples, channels], C order (the seed's audio hash)."""
+    """sha256 of the PCM as float32 [samples, channels], C order (the MUSA report's audio hash)."""
 
     return hashlib.sha256(np.ascontiguousarray(audio, dtype=np.float32).tobytes()).hexdigest()
 
@@ -86,3 +89,33 @@ def write_poster(path: Path, frames: np.ndarray) -> None:
     from PIL import Image
 
     Image.fromarray(np.ascontiguousarray(frames[len(frames) // 2])).save(path, format="JPEG", quality=90)
+
+
+def decode_mp4(data: bytes) -> tuple[np.ndarray, np.ndarray, float, int]:
+    """mp4 bytes -> frames uint8 [F,H,W,3], audio float32 [samples, channels], fps, sample rate."""
+
+    import av
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video or not container.streams.audio:
+                raise EngineError(f"the server's mp4 has {len(container.streams.video)} video and "
+                                  f"{len(container.streams.audio)} audio streams; MAGI-2 returns one of each")
+            video_stream = container.streams.video[0]
+            fps = float(video_stream.average_rate or video_stream.guessed_rate)
+            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+        with av.open(io.BytesIO(data)) as container:
+            audio_stream = container.streams.audio[0]
+            sample_rate = int(audio_stream.rate)
+            chunks = []
+            for frame in container.decode(audio=0):
+                array = frame.to_ndarray()
+                if not frame.format.is_planar:  # interleaved: [1, samples * channels]
+                    array = array.reshape(-1, len(frame.layout.channels)).T
+                chunks.append(array.astype(np.float32, copy=False))
+    except av.error.FFmpegError as err:
+        raise EngineError(f"the server's mp4 could not be decoded ({err})") from None
+    if not frames or not chunks:
+        raise EngineError("the server's mp4 has no decodable frames or audio")
+    audio = np.ascontiguousarray(np.concatenate(chunks, axis=1).T)
+    return np.ascontiguousarray(np.stack(frames)), audio, fps, sample_rate

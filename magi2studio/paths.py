@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import InputError
+from .errors import InputError, one_line
 
 
 def contained(written: str, root: Path, field: str, *, base: Path | None = None) -> Path:
@@ -47,6 +47,8 @@ def inside(path: str | Path, root: Path, field: str, fix: str) -> Path:
 def regular_file(path: str | Path, field: str, what: str) -> os.stat_result:
     """Stat ``path`` and refuse anything but a readable regular file, naming the reason."""
 
+    if "\x00" in str(path):  # os.stat raises ValueError, not OSError, for it
+        raise InputError(field, f"{one_line(str(path))} holds a NUL character", f"give the path of {what}")
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -55,7 +57,8 @@ def regular_file(path: str | Path, field: str, what: str) -> os.stat_result:
         raise InputError(field, f"{path} cannot be read (permission denied)",
                          "make it readable, or copy it somewhere you can read") from None
     except OSError as err:
-        raise InputError(field, f"{path} cannot be opened ({err.strerror or err})", f"give the path of {what}") from None
+        raise InputError(field, f"{path} cannot be opened ({err.strerror or err})",
+                         f"give the path of {what}") from None
     if stat.S_ISDIR(info.st_mode):
         raise InputError(field, f"{path} is a folder, not a file", f"give the path of {what} inside it")
     if not stat.S_ISREG(info.st_mode):

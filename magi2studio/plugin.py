@@ -2,12 +2,12 @@
 
 Declared in the ``vllm.general_plugins`` entry-point group; vLLM-Omni calls
 ``load_omni_general_plugins()`` in every diffusion worker, so :func:`register` runs once per
-worker process before the pipeline is built. It replaces the seed's ``instrument-steps.py``
+worker process before the pipeline is built. It replaces the MUSA report's ``instrument-steps.py``
 (which edited installed sources): nothing on disk is changed.
 
 Env switches (read in the worker, so set them before the engine starts):
 
-- ``MAGI2STUDIO_METRICS_DIR``: folder for this engine's records. Each rank appends its step
+- ``MAGI2STUDIO_METRICS_DIR``: folder for this engine's records (:mod:`.metrics_folder`). Each rank appends its step
   records to ``steps-rank<N>.jsonl``; rank 0 also appends ``progress.jsonl`` (one line per
   finished step). Unset: hooks stay installed but nothing is timed.
 - ``MAGI2STUDIO_CANCEL_FILE``: when this file exists at a step end, the step raises
@@ -29,13 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Cancelled
+from .metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR, PROGRESS_FILE, kernels_file, steps_file
 from .timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
 
-ENV_METRICS_DIR = "MAGI2STUDIO_METRICS_DIR"
-ENV_CANCEL_FILE = "MAGI2STUDIO_CANCEL_FILE"
 ENV_STAGE = "MAGI2STUDIO_STAGE"
 ENV_KERNELS = "MAGI2_KERNELS"
-PROGRESS_FILE = "progress.jsonl"
 
 _state: dict[str, Any] | None = None
 
@@ -50,18 +48,8 @@ def current_rank() -> int:
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
 
 
-def steps_file(metrics_dir: str | Path, rank: int) -> Path:
-    return Path(metrics_dir) / f"steps-rank{rank}.jsonl"
-
-
-def kernels_file(metrics_dir: str | Path) -> Path:
-    """Same env and platform on every rank, so one file (the last rank to start writes it)."""
-
-    return Path(metrics_dir) / "kernels.json"
-
-
 class WorkerStepTimer(StepTimer):
-    """The spine's StepTimer, with the rank read per sample (workers learn it after plugins load)."""
+    """magi2studio.timing's StepTimer, with the rank read per sample (workers learn it after plugins load)."""
 
     def __init__(self, metrics_dir: Path, stage: str, cancel_file: str | None) -> None:
         super().__init__(stage=stage, on_step=self._step_finished, on_sample=self._sample_finished)

@@ -5,20 +5,15 @@ request, layout and engine is already there is skipped, so an interrupted set re
 failing entry is recorded and the rest still run. The report (``report.json``, ``.md``,
 ``.html``) is rewritten atomically after every entry.
 
-A reference file holds, per sample, output hashes (full, or a prefix as published) and
-timing figures with their source. One transcribed from the blog ships as ``blog``.
+References and verdicts live in :mod:`.references`, the report writers in :mod:`.reproduce_report`.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import html
 import json
 import os
-import re
-import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -26,152 +21,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import Cancelled, InputError
-from .layouts import Layout, parse_layout
+from .errors import Cancelled
+from .layouts import Layout
 from .engines.base import ProgressCallback
+from .references import (DIFFERS, IDENTICAL, NOT_IN_REFERENCE, condition_differences, hash_verdict,
+                         run_conditions, timing_checks)
+from .reproduce_report import write_reports
 from .runs import RunFolder, check_outputs_root, execute, is_complete
 from .samples import Sample, SampleSet
 
-REFERENCE_FORMAT = "magi2studio-reference/1"
 REPORT_FORMAT = "magi2studio-reproduce-report/1"
-REFERENCES_DIR = Path(__file__).parent / "data" / "references"
-BUNDLED_REFERENCES = {"blog": REFERENCES_DIR / "blog-272p.json"}
-HASH_KEYS = ("frames_sha256", "pcm_sha256")
-CONDITION_KEYS = ("engine", "mode", "tier", "steps", "seed", "compile", "layout", "device")
-MIN_PREFIX = 8
-_HEX = re.compile(r"^[0-9a-f]+$")
-
-IDENTICAL, DIFFERS, NOT_IN_REFERENCE = "identical", "differs", "not in reference"
-
-
-# ----------------------------------------------------------------------------- references
-
-
-def resolve_reference_path(text: str | Path) -> Path:
-    return BUNDLED_REFERENCES.get(str(text), Path(text))
-
-
-def load_reference(path: str | Path) -> dict[str, Any]:
-    """Read and schema-check a reference file; every problem is one InputError line."""
-
-    file = resolve_reference_path(path)
-    if not file.is_file():
-        raise InputError("expect", f"{file} does not exist",
-                         f"give a reference JSON file, or one of {', '.join(BUNDLED_REFERENCES)}")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError("expect", f"{file} is not valid JSON ({err.__class__.__name__})", "fix the JSON") from None
-    check_reference(data, str(file))
-    return data
-
-
-def check_reference(data: Any, where: str = "reference") -> None:
-    if not isinstance(data, dict) or data.get("format") != REFERENCE_FORMAT:
-        raise InputError("expect", f"{where} is not a magi2studio reference",
-                         f'it needs "format": "{REFERENCE_FORMAT}" and a "samples" object')
-    samples = data.get("samples")
-    if not isinstance(samples, dict) or not samples:
-        raise InputError("expect", f"{where}: samples must be a non-empty object keyed by sample name",
-                         'write "samples": {"sample_000-t2va": {"hashes": {...}}}')
-    for name, entry in samples.items():
-        at = f"{where}: samples.{name}"
-        if not isinstance(entry, dict):
-            raise InputError("expect", f"{at} is not an object", "give hashes, conditions and timing")
-        hashes = entry.get("hashes")
-        if not isinstance(hashes, dict) or not hashes or set(hashes) - set(HASH_KEYS):
-            raise InputError("expect", f"{at}.hashes must hold {' and/or '.join(HASH_KEYS)}",
-                             "give the sha256 (or a published prefix) of the frames and/or the PCM")
-        for key, value in hashes.items():
-            if not isinstance(value, str) or not _HEX.match(value.lower()) or not MIN_PREFIX <= len(value) <= 64:
-                raise InputError("expect", f"{at}.hashes.{key} is not a sha256 or a prefix of one",
-                                 f"use {MIN_PREFIX} to 64 hex digits")
-        conditions = entry.get("conditions", {})
-        if not isinstance(conditions, dict) or set(conditions) - set(CONDITION_KEYS):
-            raise InputError("expect", f"{at}.conditions has unknown keys",
-                             f"use only {', '.join(CONDITION_KEYS)}")
-        timing = entry.get("timing", [])
-        if not isinstance(timing, list):
-            raise InputError("expect", f"{at}.timing must be a list", "write a list of figures")
-        for figure in timing:
-            ok = (isinstance(figure, dict) and isinstance(figure.get("gate_ms"), (int, float))
-                  and not isinstance(figure.get("gate_ms"), bool) and figure["gate_ms"] > 0
-                  and isinstance(figure.get("source"), str) and figure["source"].strip()
-                  and isinstance(figure.get("layout"), str))
-            if not ok:
-                raise InputError("expect", f"{at}.timing has a figure without a positive gate_ms, layout and source",
-                                 'write {"layout": "sp8-cfg1-ep4", "gate_ms": 565.0, "source": "..."}')
-            parse_layout(figure["layout"])
-
-
-def hash_verdict(reference_hashes: dict[str, str], manifest_hashes: dict[str, str]) -> tuple[str, list[str]]:
-    """Identical when every reference hash is (a prefix of) the run's; else which ones differ."""
-
-    differing = [key for key, expected in reference_hashes.items()
-                 if not str(manifest_hashes.get(key, "")).lower().startswith(expected.lower())]
-    if not differing:
-        return IDENTICAL, []
-    return DIFFERS, [f"{key}: reference {reference_hashes[key]}, this run {str(manifest_hashes.get(key))[:16]}"
-                     for key in differing]
-
-
-def run_conditions(manifest: dict[str, Any]) -> dict[str, Any]:
-    request, resolved = manifest["request"], manifest.get("resolved", {})
-    return {
-        "engine": manifest.get("engine", {}).get("name"),
-        "mode": request["mode"],
-        "tier": request["tier"],
-        "steps": resolved.get("steps", request.get("steps")),
-        "seed": request["seed"],
-        "compile": resolved.get("compile", request.get("compile")),
-        "layout": manifest["layout"]["name"],
-    }
-
-
-def condition_differences(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
-    return [f"{key}: reference {expected[key]}, this run {actual.get(key)}"
-            for key in expected if key != "device" and key in actual and expected[key] != actual.get(key)]
-
-
-def timing_checks(reference_entry: dict[str, Any], manifest: dict[str, Any], gate_ms: float | None) -> list[dict]:
-    """Each published figure beside this run's measurement, or the reasons it cannot be checked here."""
-
-    conditions = reference_entry.get("conditions", {})
-    actual = run_conditions(manifest)
-    checks = []
-    for figure in reference_entry.get("timing", []):
-        reasons = condition_differences({k: v for k, v in conditions.items() if k != "layout"}, actual)
-        if figure["layout"] != actual["layout"]:
-            reasons.append(f"layout: figure {figure['layout']}, this run {actual['layout']}")
-        check = {**figure, "measured_ms": gate_ms, "checkable": not reasons, "why_not": reasons}
-        if not reasons and gate_ms is not None:
-            check["ratio"] = gate_ms / figure["gate_ms"]
-        checks.append(check)
-    return checks
-
-
-def reference_from_report(report: dict[str, Any], title: str) -> dict[str, Any]:
-    """A reference recording the full hashes and gate ms of a report's completed runs."""
-
-    host = socket.gethostname()
-    samples = {}
-    for row in report["samples"]:
-        if not row["run_path"]:
-            continue
-        manifest = json.loads((Path(row["run_path"]) / "manifest.json").read_text(encoding="utf-8"))
-        conditions = {k: v for k, v in run_conditions(manifest).items() if v is not None}
-        source = f"run folder {row['run_name']} on {host}, {manifest.get('created')}"
-        entry = {"conditions": conditions, "hashes": {k: manifest["hashes"][k] for k in HASH_KEYS},
-                 "hash_source": source, "timing": []}
-        if row["gate_ms"] is not None:
-            entry["timing"].append({"layout": conditions["layout"], "gate_ms": row["gate_ms"],
-                                    "source": source})
-        samples[row["name"]] = entry
-    if not samples:
-        raise InputError("write_reference", "no entry completed, so there is nothing to record",
-                         "fix the failing entries and run again")
-    return {"format": REFERENCE_FORMAT, "title": title, "source": f"recorded by magi2studio reproduce on {host}",
-            "samples": samples}
 
 
 # ----------------------------------------------------------------------------- running
@@ -386,99 +245,3 @@ def build_report(sample_set: SampleSet, engine_name: str, layout: Layout, result
         "samples": rows,
         "cannot_check_here": uncheckable_notes(engine_name, reference),
     }
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write beside the target, then rename: a reader never sees half a file."""
-
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def short(value: str | None, n: int = 16) -> str:
-    return value[:n] if value else "-"
-
-
-def fmt_ms(value: float | None) -> str:
-    return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
-
-
-def timing_line(check: dict[str, Any]) -> str:
-    head = f"{check['layout']} {check['gate_ms']} ms ({check['source']})"
-    if check["checkable"]:
-        return f"{head}: measured {fmt_ms(check['measured_ms'])} ms"
-    return f"{head}: not checkable here ({'; '.join(check['why_not'])})"
-
-
-def report_markdown(report: dict[str, Any]) -> str:
-    ref = report["reference"]
-    lines = [
-        "# Reproduction report", "",
-        f"- sample set: `{report['sample_set']['path']}` (seed {report['sample_set']['seed']}, "
-        f"policy {report['sample_set']['seed_policy']})",
-        f"- engine: {report['engine']}, layout: {report['layout']}",
-        f"- reference: {ref['title'] + ' (' + str(ref['path']) + ')' if ref else 'none'}",
-        "- summary: " + ", ".join(f"{k} {v}" for k, v in report["summary"].items()), "",
-        "| sample | status | mode | seed | tier | steps | layout | frames sha256 | pcm sha256 | gate ms/step | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in report["samples"]:
-        lines.append(
-            f"| {row['name']} | {row['status']} | {row['mode']} | {row['seed']} ({row['seed_source']}) | {row['tier']} "
-            f"| {row['steps'] or '-'} | {row['layout']} | `{short(row['frames_sha256'])}` | `{short(row['pcm_sha256'])}` "
-            f"| {fmt_ms(row['gate_ms'])} | {row['verdict'] or '-'} |")
-    details = [row for row in report["samples"] if row["error"] or row["verdict_notes"] or row["timing"]]
-    if details:
-        lines += ["", "## Details", ""]
-        for row in details:
-            for text in ([row["error"]] if row["error"] else []) + row["verdict_notes"] + [
-                    timing_line(c) for c in row["timing"]]:
-                lines.append(f"- **{row['name']}**: {text}")
-    if report["cannot_check_here"]:
-        lines += ["", "## What cannot be checked here", ""] + [f"- {note}" for note in report["cannot_check_here"]]
-    return "\n".join(lines) + "\n"
-
-
-def report_html(report: dict[str, Any]) -> str:
-    e = html.escape
-    ref = report["reference"]
-    head = (f"<p>Sample set <code>{e(report['sample_set']['path'])}</code>, seed {report['sample_set']['seed']} "
-            f"({e(report['sample_set']['seed_policy'])}); engine {e(report['engine'])}, layout {e(report['layout'])}; "
-            f"reference {e(ref['title'] or '') + ' <code>' + e(str(ref['path'])) + '</code>' if ref else 'none'}.</p>"
-            f"<p>{e(', '.join(f'{k} {v}' for k, v in report['summary'].items()))}</p>")
-    rows = []
-    for row in report["samples"]:
-        poster = f'<img src="{e(row["poster"])}" width="160" alt="poster of {e(row["name"])}">' if row["poster"] else ""
-        notes = [row["error"]] if row["error"] else []
-        notes += row["verdict_notes"] + [timing_line(c) for c in row["timing"]]
-        rows.append(
-            "<tr>" + "".join(f"<td>{cell}</td>" for cell in (
-                poster, e(row["name"]), e(row["status"]), e(row["mode"]), f"{row['seed']} ({e(row['seed_source'])})",
-                e(row["tier"]), e(str(row["steps"] or "-")), e(row["layout"]),
-                f"<code>{e(short(row['frames_sha256']))}</code>", f"<code>{e(short(row['pcm_sha256']))}</code>",
-                e(fmt_ms(row["gate_ms"])), f'<b class="{e((row["verdict"] or "none").replace(" ", "-"))}">'
-                f'{e(row["verdict"] or "-")}</b>', "<br>".join(e(n) for n in notes))) + "</tr>")
-    cannot = "".join(f"<li>{e(note)}</li>" for note in report["cannot_check_here"])
-    return (
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Reproduction report</title><style>"
-        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-        "padding:4px 8px;vertical-align:top}.identical{color:#070}.differs{color:#b00}</style></head><body>"
-        f"<h1>Reproduction report</h1>{head}<table><tr><th>poster</th><th>sample</th><th>status</th><th>mode</th>"
-        "<th>seed</th><th>tier</th><th>steps</th><th>layout</th><th>frames sha256</th><th>pcm sha256</th>"
-        f"<th>gate ms/step</th><th>verdict</th><th>notes</th></tr>{''.join(rows)}</table>"
-        + (f"<h2>What cannot be checked here</h2><ul>{cannot}</ul>" if cannot else "") + "</body></html>\n")
-
-
-def write_reports(out: Path, report: dict[str, Any]) -> dict[str, Path]:
-    paths = {"json": out / "report.json", "md": out / "report.md", "html": out / "report.html"}
-    write_atomic(paths["json"], json.dumps(report, indent=2, default=str) + "\n")
-    write_atomic(paths["md"], report_markdown(report))
-    write_atomic(paths["html"], report_html(report))
-    return paths

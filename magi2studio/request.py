@@ -82,6 +82,25 @@ class Request(BaseModel):
         return build_request(**data)
 
 
+def whole_number(value: Any, field: str) -> Any:
+    """The one parser of whole numbers typed as text (CLI flags, studio fields) or sent as numbers.
+
+    ``None`` stays ``None`` (the default); text and integral floats become ints; anything else
+    is returned for the request model to refuse in its own words.
+    """
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise InputError(field, f"{value.strip()!r} is not a whole number",
+                             "give a whole number, or leave it out for the default") from None
+    if isinstance(value, float) and not isinstance(value, bool):
+        if not value.is_integer():
+            raise InputError(field, f"{value} is not a whole number", "use a whole number")
+        return int(value)
+    return value
+
+
 _FIXES = {
     "mode": "use t2va or i2va",
     "prompt": "give a non-empty prompt",
@@ -139,7 +158,8 @@ def validate_request(request: Request) -> Request:
             raise InputError(name, f"{value} is not a usable guidance scale", "use a number from 0 to 50")
     if request.mode == "i2va":
         if not request.image:
-            raise InputError("image", "I2VA needs a first-frame image", "give one (--image PATH on the command line), or use mode t2va")
+            raise InputError("image", "I2VA needs a first-frame image",
+                             "give one (--image PATH on the command line), or use mode t2va")
         check_image(request.image)
     elif request.image:
         raise InputError("image", "a first-frame image was given for T2VA", "use mode i2va, or drop the image")

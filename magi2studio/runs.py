@@ -22,7 +22,7 @@ from typing import Any
 
 from . import determinism, media, provenance
 from .engines import ENGINE_NAMES
-from .engines.base import Engine, Generation, Progress, ProgressCallback
+from .engines.base import Engine, Generation, Plan, Progress, ProgressCallback
 from .errors import InputError
 from .layouts import Layout, parse_layout
 from .paths import read_text
@@ -102,7 +102,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     shapes = {"request": dict, "resolved": dict, "layout": dict, "engine": dict, "hashes": dict, "files": dict}
     for key, kind in shapes.items():
         if not isinstance(manifest.get(key), kind):
-            problem = "is missing" if key not in manifest else f"is a JSON {type(manifest[key]).__name__}, not an object"
+            problem = ("is missing" if key not in manifest
+                       else f"is a JSON {type(manifest[key]).__name__}, not an object")
             raise InputError(f"manifest.{key}", problem, "use a manifest written by magi2studio")
     if manifest.get("manifest_version") != MANIFEST_VERSION:
         raise InputError("manifest.manifest_version", f"is {manifest.get('manifest_version')!r}",
@@ -166,7 +167,7 @@ def verify_run(path: Path) -> RunFolder:
 def timing_summary(generation: Generation) -> dict[str, Any]:
     stages = sorted({r["stage"] for r in generation.step_records}, key=lambda s: (s != "preview", s))
     return {
-        "metric": "per step the slowest rank; steps 0 and 1 dropped; mean of the rest (seed 2.1)",
+        "metric": "per step the slowest rank; steps 0 and 1 dropped; mean of the rest (MUSA report 2.1)",
         "stages": {stage: gate_summary(generation.step_records, stage) for stage in stages},
         "stage_ms": generation.stage_ms,
     }
@@ -221,7 +222,8 @@ def write_run(root: Path, request: Request, layout: Layout, generation: Generati
         t0 = time.perf_counter()
         media.write_mp4(
             temp / "video.mp4", generation.frames, generation.audio, generation.fps, generation.sample_rate,
-            {"comment": json.dumps({"magi2studio_request": manifest["request"], "engine": generation.engine_info.get("name")})},
+            {"comment": json.dumps({"magi2studio_request": manifest["request"],
+                                    "engine": generation.engine_info.get("name")})},
         )
         media.write_wav(temp / "audio.wav", generation.audio, generation.sample_rate)
         media.write_poster(temp / "poster.jpg", generation.frames)
@@ -239,15 +241,22 @@ def write_run(root: Path, request: Request, layout: Layout, generation: Generati
 def execute(engine: Engine, request: Request, layout: Layout, outputs_root: Path, *,
             on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None,
             extra: dict[str, Any] | None = None) -> RunFolder:
-    """Validate, (re)start the engine for the layout, generate, and write the run folder."""
+    """Plan (check the request and layout once), then run the plan into a run folder."""
 
-    tier = get_tier(request.tier)
-    engine.check_layout(layout, tier)  # before the outputs root is made: a refusal leaves no ./outputs
+    plan = engine.plan(request, layout)  # before the outputs root is made: a refusal leaves no ./outputs
+    return execute_plan(engine, plan, outputs_root, on_progress=on_progress, cancel=cancel, extra=extra)
+
+
+def execute_plan(engine: Engine, plan: Plan, outputs_root: Path, *,
+                 on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None,
+                 extra: dict[str, Any] | None = None) -> RunFolder:
+    """(Re)start the engine for the plan's layout, generate, and write the run folder."""
+
     check_outputs_root(outputs_root)
     started = time.time()
-    if engine.start(layout) and on_progress is not None:
-        on_progress(Progress("load", message=f"engine started for layout {layout.name}"))
-    generation = engine.generate(request, on_progress=on_progress, cancel=cancel)
+    if engine.start(plan.layout) and on_progress is not None:
+        on_progress(Progress("load", message=f"engine started for layout {plan.layout.name}"))
+    generation = engine.generate(plan.request, on_progress=on_progress, cancel=cancel)
     if on_progress is not None:
         on_progress(Progress("mux", message="writing the run folder"))
-    return write_run(outputs_root, request, layout, generation, started, extra)
+    return write_run(outputs_root, plan.request, plan.layout, generation, started, extra)

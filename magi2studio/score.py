@@ -291,7 +291,8 @@ def judge(facts: Facts, seen: Observation, caption: str = "") -> Score:
             Verdict("motion", facts.motion, video.motion,
                     None if facts.motion is None else video.motion == facts.motion, video.motion_detail),
         ]
-    verdicts.append(Verdict("pitch", facts.pitch, heard.pitch, None if facts.pitch is None else heard.pitch == facts.pitch,
+    verdicts.append(Verdict("pitch", facts.pitch, heard.pitch,
+                            None if facts.pitch is None else heard.pitch == facts.pitch,
                             f"spectral peak {heard.peak_hz:.0f} Hz", heard.peak_hz))
     beep_frames = [int(round(t * seen.fps)) for t in heard.onsets]
     offsets, extra = match_beeps(video.bounce_frames, beep_frames)
@@ -320,7 +321,7 @@ def score_run(path: str | Path) -> Score:
     """Score a run folder against the prompt it was made from."""
 
     from . import runs
-    from .engines.vllm_omni.server import decode_mp4
+    from .media import decode_mp4
 
     folder = runs.load_run(Path(path))
     request = folder.manifest["request"]

@@ -1,4 +1,4 @@
-"""Per-step timing around upstream's MAGI-2 sampler, and the seed's per-step metric.
+"""Per-step timing around upstream's MAGI-2 sampler, and the MUSA report's per-step metric.
 
 One piece of instrumentation serves both engines: :func:`install_step_hooks` wraps
 ``Magi2PreviewSampler``'s per-step calls (``prepare_model_input`` opens a step; ``step`` or,
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-EXCLUDED_STEPS = (0, 1)  # warm-up steps the seed's metric drops
+EXCLUDED_STEPS = (0, 1)  # warm-up steps the MUSA report's metric drops
 _HOOKED = "_magi2studio_step_hook"
 HOOKED_METHODS = ("sample", "prepare_model_input", "step", "_step_guided")
 
@@ -228,7 +228,7 @@ def slowest_rank_per_step(records: Sequence[dict | StepRecord], stage: str = "pr
 
 
 def gate_summary(records: Sequence[dict | StepRecord], stage: str = "preview") -> dict[str, Any]:
-    """The seed's metric: per step the slowest rank, drop steps 0 and 1, average the rest."""
+    """The MUSA report's metric: per step the slowest rank, drop steps 0 and 1, average the rest."""
 
     per_step = slowest_rank_per_step(records, stage)
     kept = [ms for step, ms in per_step.items() if step not in EXCLUDED_STEPS]

@@ -90,7 +90,8 @@ def check_weights(root: str | os.PathLike | None = None, tier: str = "272p", *, 
     folder = resolve_root(root)
     if not folder.is_dir():
         raise InputError("weights root", f"{folder} is not a folder",
-                         "download sand-ai/MAGI-2-preview there (docs/container.md), or pass --root / set MAGI2_CKPT_ROOT")
+                         "download sand-ai/MAGI-2-preview there (docs/container.md), "
+                         "or pass --root / set MAGI2_CKPT_ROOT")
     report = WeightsReport(folder, tier_obj.name)
     if not any(_tree_files(folder)):
         report.add(".", "the folder is empty: download sand-ai/MAGI-2-preview into it (docs/container.md)")

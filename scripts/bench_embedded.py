@@ -27,7 +27,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=None, help="runs (default 2; 1 for 1080p)")
     parser.add_argument("--tier", default="272p", choices=("272p", "540p", "1080p"))
     parser.add_argument("--no-deterministic", action="store_true",
-                        help="request deterministic=false (deterministic mode costs about 2x on CPU: docs/performance.md)")
+                        help="request deterministic=false "
+                        "(deterministic mode costs about 2x on CPU: docs/performance.md)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -73,7 +74,8 @@ def main() -> int:
                     "loadavg_at_start": load_at_start, "loadavg_at_end": os.getloadavg()},
         "date": time.strftime("%Y-%m-%d"),
     }
-    name = ("embedded" if args.tier == "272p" else f"embedded-{args.tier}") + ("-nondet" if args.no_deterministic else "")
+    name = "embedded" if args.tier == "272p" else f"embedded-{args.tier}"
+    name += "-nondet" if args.no_deterministic else ""
     out = Path(args.out or Path(__file__).resolve().parents[1] / f"docs/perf/{name}-{result['date']}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")

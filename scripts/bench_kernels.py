@@ -216,7 +216,8 @@ def routing_stats(offsets: torch.Tensor, heads: int) -> dict:
     counts = torch.diff(offsets.long()).double()
     top = torch.sort(counts, descending=True).values
     return dict(experts_used=int((counts > 0).sum()), experts=heads * E, max_rows=int(counts.max()),
-                mean_rows=float(counts.mean()), top10pct_share=float(top[: max(1, top.numel() // 10)].sum() / counts.sum()))
+                mean_rows=float(counts.mean()),
+                top10pct_share=float(top[: max(1, top.numel() // 10)].sum() / counts.sum()))
 
 
 class GroupedMM:
@@ -314,7 +315,8 @@ def run_moe(args, mh, dev, smoke, results, checks, save):
         checks.append(dict(check=f"routing_{label}", offsets_equal=bool(torch.equal(ours.offsets.long(), up_offsets)),
                            gather_ids_equal=bool(torch.equal(ours.gather_ids, up_ids)),
                            probs_rel_err=rel(ours.probs, up_probs)))
-        routing_row = dict(upstream_routing_ms=bench(upstream_routing, smoke), ours_routing_ms=bench(our_routing, smoke),
+        routing_row = dict(upstream_routing_ms=bench(upstream_routing, smoke),
+                           ours_routing_ms=bench(our_routing, smoke),
                            ours_routing_graph_ms=bench_graph(our_routing, smoke),
                            ours_routing_launches=count_launches(our_routing),
                            upstream_routing_launches=count_launches(upstream_routing))
@@ -329,7 +331,7 @@ def run_moe(args, mh, dev, smoke, results, checks, save):
         c = torch.randn(routes, D_EXPERT, device=dev, dtype=DTYPE)
         d = torch.randn(D_EXPERT, D_HEAD, device=dev, dtype=DTYPE)
         dense_ms = bench(lambda: (a @ b, c @ d), smoke)
-        del a, b, c, d
+        a = b = c = d = None  # free them (the lambda above is done with them)
         row = dict(label=label, tokens=tokens, heads=heads, routes=routes, gflop=flops / 1e9, dense_ms=dense_ms,
                    dense_tflops=flops / dense_ms / 1e9, **routing_row, routing={})
         if args.sweep and index == 0:
@@ -349,7 +351,7 @@ def run_moe(args, mh, dev, smoke, results, checks, save):
         row["w13_config"], row["w2_config"] = results["configs_used"]["w13"], results["configs_used"]["w2"]
         results["rows"].append(row)
         save()
-        del x, w13, w_down, up_gate, up_up
+        x = w13 = w_down = up_gate = up_up = None  # free them before the next shape
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -571,8 +573,9 @@ def run_sink(dev, smoke, results, checks):
     checks.append(dict(check="attention_sink_gate", rel_err=rel(ours(), ref), native_rel_err=rel(native(), ref)))
     nbytes = tokens * heads * dim * 2 * 2
     ms = bench(ours, smoke)
-    results["attention_sink"].append(dict(tokens=tokens, heads=heads, dim=dim, ours_ms=ms, native_ms=bench(native, smoke),
-                                          ours_graph_ms=bench_graph(ours, smoke), native_graph_ms=bench_graph(native, smoke),
+    results["attention_sink"].append(dict(tokens=tokens, heads=heads, dim=dim, ours_ms=ms,
+                                          native_ms=bench(native, smoke), ours_graph_ms=bench_graph(ours, smoke),
+                                          native_graph_ms=bench_graph(native, smoke),
                                           ours_launches=count_launches(ours), native_launches=count_launches(native),
                                           bytes_floor=nbytes, ours_vs_floor=ms / (nbytes / 4.24e9)))
     print(json.dumps(results["attention_sink"][-1]), flush=True)

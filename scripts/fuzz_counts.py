@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Count the bad-input fuzz's outcomes (issue 19): inputs tried, accepted, refused cleanly, tracebacks, leftovers.
 
-Draws the strategies of tests/spine/fuzzing.py (seeded: the same inputs every time) through
-the same entry points as tests/spine/test_fuzz_inputs.py and prints JSON. Exits 1 if any
+Draws the strategies of tests/requests_and_runs/fuzzing.py (seeded: the same inputs every time) through
+the same entry points as tests/requests_and_runs/test_fuzz_inputs.py and prints JSON. Exits 1 if any
 input gave a traceback or a leftover.
 
     .venv/bin/python scripts/fuzz_counts.py --examples 300
@@ -34,7 +34,7 @@ def main() -> int:
 
     from magi2studio import determinism, runs
     from magi2studio.cli import main as cli
-    from tests.spine import fuzzing as F
+    from tests.requests_and_runs import fuzzing as F
 
     determinism.apply_defaults()
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -65,7 +65,8 @@ def main() -> int:
     assert cli(["generate", "--prompt", "a red kite over a windy beach", "--steps", "2", "--out", str(out)]) == 0
     (folder,) = [p for p in out.iterdir() if runs.is_complete(p)]
     pristine = (folder / "manifest.json").read_bytes()
-    family("manifests", F.manifest_edits, lambda e: F.attempt_manifest(folder, pristine, e), max(args.examples // 3, 10))
+    family("manifests", F.manifest_edits, lambda e: F.attempt_manifest(folder, pristine, e),
+           max(args.examples // 3, 10))
 
     return report_and_exit(counts, examples)
 

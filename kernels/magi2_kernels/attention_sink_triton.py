@@ -62,7 +62,8 @@ def sink_gate(out, lse, sink, gates, rows, *, out_dtype, block_t: int = 32):
         sink.stride(0) if has_sink else 0, sink.stride(1) if has_sink else 0,
         gate2d.stride(0) if gate2d is not None else 0, gate2d.stride(1) if gate2d is not None else 0,
         HAS_SINK=has_sink, HAS_GATE=gate2d is not None, HAS_ROWS=rows is not None,
-        D=dim, BLOCK_D=min(128, triton.next_power_of_2(dim)), S_PAD=max(2, triton.next_power_of_2(sink.shape[0]) if has_sink else 2),
+        D=dim, BLOCK_D=min(128, triton.next_power_of_2(dim)),
+        S_PAD=max(2, triton.next_power_of_2(sink.shape[0]) if has_sink else 2),
         BLOCK_T=block_t, num_warps=4,
     )
     return result

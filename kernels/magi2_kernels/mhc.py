@@ -5,7 +5,7 @@
   path is 42 launches per call).
 - :func:`mix`: ``out[t, i] = sum_j R[t, i, j] streams[t, j] + post[t, i] branch[t]`` and
   :func:`apply_pre`: ``out[t] = sum_n sigmoid(a s l[t, n] + b[n]) streams[t, n]`` as fp32
-  elementwise contractions (the seed's PR #8510) with one rounding at the store.
+  elementwise contractions (the MUSA report's PR #8510) with one rounding at the store.
 - :func:`logits`: the ``[T, 4C] x [4C, 24]`` fp32 coefficient projection with the mHC RMSNorm
   folded in, split by stream: one program per (token block, stream) reads that stream's ``[T, C]``
   slice once, accumulates its partial product and sum of squares, and a second launch sums the

@@ -31,8 +31,10 @@ def _post_residual_kernel(
     rows = res_ptr + t64[:, None] * stride_rt + n[None, :] * stride_rj
     r0 = alpha * tl.load(rows, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + n)[None, :]
     r1 = alpha * tl.load(rows + stride_ri, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + 4 + n)[None, :]
-    r2 = alpha * tl.load(rows + 2 * stride_ri, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + 8 + n)[None, :]
-    r3 = alpha * tl.load(rows + 3 * stride_ri, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + 12 + n)[None, :]
+    r2 = (alpha * tl.load(rows + 2 * stride_ri, mask=ok, other=0.0).to(tl.float32)
+          + tl.load(bias_res_ptr + 8 + n)[None, :])
+    r3 = (alpha * tl.load(rows + 3 * stride_ri, mask=ok, other=0.0).to(tl.float32)
+          + tl.load(bias_res_ptr + 12 + n)[None, :])
     # The native amax spreads a NaN over its token's whole matrix; do the same.
     has_nan = tl.sum(((r0 != r0) | (r1 != r1) | (r2 != r2) | (r3 != r3)).to(tl.int32), axis=1) > 0
     maximum = tl.max(tl.maximum(tl.maximum(r0, r1), tl.maximum(r2, r3)), axis=1)
@@ -194,7 +196,8 @@ def _unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
 
 def mix(streams, branch, post, residual, block_c: int = 512):
     tokens, streams_n, hidden = streams.shape
-    if streams_n != 4 or branch.shape != (tokens, hidden) or post.shape != (tokens, 4) or residual.shape != (tokens, 4, 4):
+    if (streams_n != 4 or branch.shape != (tokens, hidden) or post.shape != (tokens, 4)
+            or residual.shape != (tokens, 4, 4)):
         raise ValueError("mix expects streams [T,4,C], branch [T,C], post [T,4], residual [T,4,4]")
     streams, branch = _unit_last_stride(streams), _unit_last_stride(branch)
     post, residual = post.contiguous(), residual.contiguous()

@@ -1,25 +1,9 @@
 """The one mechanism that installs magi2_kernels into vLLM-Omni 0.30.0's MAGI-2 modules.
 
 Both the embedded CPU engine and the real engine's worker plugin call :func:`install_overrides`;
-it replaces upstream names at the place each call resolves them:
-
-=================  ==================================================================  ==================
-kernel             patched name (vllm_omni.diffusion.models.magi2.*)                   ours
-=================  ==================================================================  ==================
-moe, routing       ``mh_moe.Magi2MultiHeadMoE._local_forward``                         moe.py, routing.py
-sinkhorn           ``layers.MHCHandler.compute_post_residual``                         mhc.post_residual
-mhc_mix            ``layers.MHCHandler.hyper_connect``                                 mhc.mix
-mhc_pre            ``layers.MHCHandler.apply_pre``                                     mhc.apply_pre
-mhc_projection     ``layers.MHCHandler.compute_logits``                                mhc.logits
-attention_sink     ``attention.packed_attention_with_sink``, ``modeling_magi2.          attention_sink.py
-                   Magi2Attention.output``
-=================  ==================================================================  ==================
-
-``moe`` and ``routing`` share one patched method; with only one of them on, the other half
-calls upstream's functions. Inside ``torch.compile`` regions (``compile_regions``) every override
-defers to upstream's code, as upstream's own fused kernels do. The MoE override lays W13 out once
-per module (:func:`prepare_weights`, else at its first forward) as ``[experts, d_head, 2, d_expert]``
-and rebinds ``W_gate``/``W_up`` as views of it, so one copy of the weights exists.
+it replaces upstream names at the place each call resolves them (the table of patched names:
+docs/kernels.md, "The override switch"). ``moe`` and ``routing`` share one patched method; with
+only one of them on, the other half calls upstream's functions.
 """
 
 from __future__ import annotations
@@ -226,7 +210,8 @@ def packed_w13(module) -> torch.Tensor:
 
     packed = getattr(module, "_magi2_w13", None)
     gate, up = module.W_gate, module.W_up
-    if packed is not None and gate.data_ptr() == packed[:, :, 0].data_ptr() and up.data_ptr() == packed[:, :, 1].data_ptr():
+    if (packed is not None and gate.data_ptr() == packed[:, :, 0].data_ptr()
+            and up.data_ptr() == packed[:, :, 1].data_ptr()):
         return packed
     with torch.no_grad():
         packed = moe.pack_w13(gate.detach(), up.detach())

@@ -108,7 +108,7 @@ HOPPER_W2 = GemmConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_st
 # Other CUDA GPUs: the smaller tiles vLLM-Omni 0.30.0 uses on pre-Blackwell parts.
 GENERIC_CUDA_W13 = GemmConfig(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=3)
 GENERIC_CUDA_W2 = GemmConfig(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3)
-# MUSA: the seed's settings (BLOCK_SIZE_K=64, num_warps=16, num_stages=1; 128x128 tiles), the
+# MUSA: the MUSA report's settings (BLOCK_SIZE_K=64, num_warps=16, num_stages=1; 128x128 tiles), the
 # portable path (no TMA, no inline PTX, no atomics) that Moore Threads' Triton 3.2 compiles.
 MUSA_W13 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=16, num_stages=1)
 MUSA_W2 = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=16, num_stages=1)

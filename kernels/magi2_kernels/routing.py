@@ -58,7 +58,8 @@ def reference_csr(topk_probs: torch.Tensor, topk_ids: torch.Tensor, num_experts:
 
     heads, tokens, top_k = topk_ids.shape
     device = topk_ids.device
-    keys = (topk_ids.to(torch.int32) + torch.arange(heads, device=device, dtype=torch.int32).view(-1, 1, 1) * num_experts)
+    head_base = torch.arange(heads, device=device, dtype=torch.int32).view(-1, 1, 1) * num_experts
+    keys = topk_ids.to(torch.int32) + head_base
     sorted_keys, order = torch.sort(keys.reshape(-1), stable=True)
     bounds = torch.arange(heads * num_experts + 1, device=device, dtype=torch.int32)
     offsets = torch.searchsorted(sorted_keys, bounds, out_int32=True)
@@ -70,7 +71,8 @@ def reference_csr(topk_probs: torch.Tensor, topk_ids: torch.Tensor, num_experts:
                   topk_probs.float())
 
 
-def slots_from_csr(gather_ids: torch.Tensor, offsets: torch.Tensor, heads: int, tokens: int, top_k: int) -> torch.Tensor:
+def slots_from_csr(gather_ids: torch.Tensor, offsets: torch.Tensor, heads: int, tokens: int,
+                   top_k: int) -> torch.Tensor:
     """Slots ``[heads, tokens, top_k]`` for a CSR layout built elsewhere (e.g. vLLM-Omni's routing)."""
 
     flat_experts = offsets.numel() - 1

@@ -104,7 +104,8 @@ def topk(
     if gate.shape != (heads, num_experts, d) or gate.dtype != torch.float32:
         raise ValueError(f"gate must be fp32 [heads, experts, d_head], got {tuple(gate.shape)} {gate.dtype}")
     if num_experts & (num_experts - 1) or d % 16:
-        raise ValueError(f"routing kernel needs a power-of-two expert count and d_head % 16 == 0 (E={num_experts}, D={d})")
+        raise ValueError("routing kernel needs a power-of-two expert count and d_head % 16 == 0 "
+                         f"(E={num_experts}, D={d})")
     gate = gate.contiguous()
     ids = torch.empty(heads, tokens, top_k, device=gate.device, dtype=torch.int32)
     probs = torch.empty(heads, tokens, top_k, device=gate.device, dtype=torch.float32)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .generate import _whole, add_request_arguments, request_from_args
+from ..request import whole_number
+from .generate import add_request_arguments, request_from_args
 
 DEFAULT_OUT = Path("outputs/ab")
 
@@ -29,7 +30,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..ab import BIT_IDENTICAL, check_pairs, parse_side, run_ab
 
-    pairs = check_pairs(_whole("pairs", args.pairs))
+    pairs = check_pairs(whole_number(args.pairs, "pairs"))
     request = request_from_args(args)
     sides = (parse_side("control", args.control, args.layout), parse_side("candidate", args.candidate, args.layout))
     out = Path(args.out)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..paths import read_text
-from ..request import MAX_PROMPT_FILE_BYTES, Request, build_request, read_prompt_file
+from ..request import MAX_PROMPT_FILE_BYTES, Request, build_request, read_prompt_file, whole_number
 
 DEFAULT_OUT = Path("outputs")
 MAX_REQUEST_BYTES = 2 * MAX_PROMPT_FILE_BYTES  # a request holds its prompt and a negative prompt
@@ -28,15 +28,6 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
                         help="delivered height: 1080p generates 1088; 1080 resizes it (default: generated)")
     parser.add_argument("--compile", choices=("static", "dynamic", "eager"), default=None)
     parser.add_argument("--request", help="a request YAML file; flags given here override its fields")
-
-
-def _whole(name: str, value: str | None):
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise InputError(name, f"{value!r} is not a whole number", "give an integer") from None
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -59,7 +50,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
         if value is not None:
             fields[key] = value
     for key in ("seed", "steps", "refiner_steps", "output_width", "output_height"):
-        value = _whole(key, getattr(args, key))
+        value = whole_number(getattr(args, key), key)
         if value is not None:
             fields[key] = value
     return build_request(**fields)
@@ -70,7 +61,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("vllm-omni-server engine")
     group.add_argument("--server-url", help="the server (default $MAGI2STUDIO_SERVER_URL or http://127.0.0.1:8000)")
-    group.add_argument("--server-layout", help="the layout the server was launched with (default $MAGI2STUDIO_SERVER_LAYOUT; "
+    group.add_argument("--server-layout", help="the layout the server was launched with "
+                       "(default $MAGI2STUDIO_SERVER_LAYOUT; "
                        "unset: the --layout of the first run is assumed, since the server does not report it)")
     group.add_argument("--server-metrics-dir", help="the server workers' MAGI2STUDIO_METRICS_DIR, shared here: "
                        "per-step timings (default $MAGI2STUDIO_SERVER_METRICS_DIR; unset: none)")

@@ -32,7 +32,8 @@ def replay(run_dir: Path, out: Path | None = None):
         try:
             request = build_request(**{**request.model_dump(), **fill})
         except InputError as err:
-            raise InputError(f"manifest.resolved.{err.field}", err.problem, "use a manifest written by magi2studio") from None
+            raise InputError(f"manifest.resolved.{err.field}", err.problem,
+                             "use a manifest written by magi2studio") from None
     layout = parse_layout(original["layout"]["name"])
     engine = get_engine(original["engine"]["name"])
     with ConsoleProgress() as progress:

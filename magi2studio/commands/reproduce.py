@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from .generate import _whole
+from ..request import whole_number
 
 DEFAULT_OUT = Path("outputs/reproduce")
 MAX_EXIT = 100  # exit statuses above this are reserved by shells
@@ -41,15 +41,17 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..layouts import parse_layout
-    from ..reproduce import load_reference, reference_from_report, reproduce, write_atomic
+    from ..atomic import write_atomic
+    from ..references import load_reference, reference_from_report
+    from ..reproduce import reproduce
     from ..samples import load_sample_set
     from ..tiers import get_tier
 
     if args.tier is not None:
         get_tier(args.tier)  # the flag is named in the refusal, not the first entry it reaches
-    defaults = {key: value for key, value in (("tier", args.tier), ("steps", _whole("steps", args.steps)),
+    defaults = {key: value for key, value in (("tier", args.tier), ("steps", whole_number(args.steps, "steps")),
                                               ("compile", args.compile)) if value is not None}
-    seed = _whole("seed", args.seed)
+    seed = whole_number(args.seed, "seed")
     sample_set = load_sample_set(args.samples, seed=seed, seed_policy=args.seed_policy, defaults=defaults,
                                  skip_missing=args.skip_missing, root=args.root, confirm_large=args.yes)
     layout = parse_layout(args.layout)

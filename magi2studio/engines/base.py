@@ -8,7 +8,6 @@ return arrays; :mod:`magi2studio.runs` turns them into a run folder the same way
 from __future__ import annotations
 
 import os
-
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -19,10 +18,20 @@ import numpy as np
 
 from ..layouts import Layout
 from ..request import Request
-from ..tiers import Tier
+from ..tiers import Tier, get_tier
 
-# Stage names used in progress events, steps.jsonl and the manifest's stage times.
-STAGES = ("load", "encode", "preview", "refiner", "decode_video", "decode_audio", "mux")
+@dataclass(frozen=True)
+class Plan:
+    """One request checked once for one engine and layout: its tier and the layout's warnings.
+
+    :meth:`Engine.plan` makes it at the door (CLI, studio form, reproduce); what runs it
+    (``runs.execute_plan``, the studio's slot) does not check again.
+    """
+
+    request: Request
+    tier: Tier
+    layout: Layout
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,11 @@ class Engine(ABC):
     @abstractmethod
     def check_layout(self, layout: Layout, tier: Tier) -> list[str]:
         """Raise InputError if this engine cannot run ``layout`` for ``tier``; return warnings."""
+
+    def plan(self, request: Request, layout: Layout) -> Plan:
+        """The request's tier resolved and ``layout`` checked for it, once; raises InputError."""
+        tier = get_tier(request.tier)
+        return Plan(request, tier, layout, tuple(self.check_layout(layout, tier)))
 
     @abstractmethod
     def start(self, layout: Layout) -> bool:

@@ -25,7 +25,7 @@ class StudioContext:
 
     - ``engine``, ``capabilities``: the engine behind the studio and what it can run here.
     - ``slot``: the one :class:`EngineSlot` (bounded FIFO queue) every session submits to;
-      a tab that generates calls ``ctx.slot.submit(request, layout, owner)`` and
+      a tab that generates calls ``ctx.slot.submit(ctx.engine.plan(request, layout), owner)`` and
       ``ctx.slot.follow(job)``; ``owner`` is the Gradio session hash (cancel uses it).
     - ``outputs_root``: where run folders are written; the only data folder the app serves.
     - ``scratch``: a private temp folder for derived files (run-folder zips, staged uploads);

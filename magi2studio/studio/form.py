@@ -1,4 +1,4 @@
-"""The Generate form's values -> a validated Request and Layout, the same way for page and API.
+"""The Generate form's values -> the engine's Plan (request and layout checked once), the same way for page and API.
 
 Every refusal is the vocabulary's :class:`InputError` (the CLI's words); ``box_for`` says
 which error line of the form shows it.
@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..engines.base import Capabilities, Engine
+from ..engines.base import Capabilities, Engine, Plan
 from ..errors import InputError
 from ..layouts import PRESETS, Layout, check_shape, memory_fit_line, parse_layout
 from ..paths import inside
-from ..request import Request, build_request, check_image, read_prompt_file
+from ..request import build_request, check_image, read_prompt_file, whole_number
 from ..tiers import get_tier
 
 CUSTOM = "custom"
@@ -41,21 +41,8 @@ def _blank(value: Any) -> bool:
 
 
 def _whole(value: Any, field: str) -> int | None:
-    """Optional whole numbers arrive as text (blank: the engine's default) or, from the API, as
-    numbers; whole ones become ints, anything else is refused."""
-    if _blank(value):
-        return None
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            raise InputError(field, f"{value.strip()!r} is not a whole number",
-                             "write a whole number, or leave it blank for the default") from None
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise InputError(field, f"{value} is not a whole number", "use a whole number")
-        return int(value)
-    return value
+    """Optional whole numbers arrive as text (blank: the engine's default) or, from the API, as numbers."""
+    return None if _blank(value) else whole_number(value, field)
 
 
 def layout_from_form(preset: str | None, sp: Any, cfg: Any, ep: Any) -> Layout:
@@ -100,7 +87,8 @@ def upload_path(value: Any, field: str, uploads: Path | None) -> str | None:
     if not isinstance(path, str) or not path.strip() or "\x00" in path:
         raise InputError(field, "is not an uploaded file", "upload the file (gradio_client: handle_file(path))")
     if uploads is not None:
-        inside(path, uploads, field, "upload the file (gradio_client: handle_file(path)); a server path is not accepted")
+        inside(path, uploads, field,
+               "upload the file (gradio_client: handle_file(path)); a server path is not accepted")
     return path
 
 
@@ -120,9 +108,9 @@ def _flag(value: Any, field: str) -> bool:
     return value
 
 
-def request_from_form(values: dict[str, Any], capabilities: Capabilities, engine: Engine,
-                      uploads: Path | None = None) -> tuple[Request, Layout, list[str]]:
-    """Validate the form and return (request, layout, layout warnings); raise InputError.
+def plan_from_form(values: dict[str, Any], capabilities: Capabilities, engine: Engine,
+                   uploads: Path | None = None) -> Plan:
+    """Validate the form and return the engine's plan for it (request, tier, layout, warnings); raise InputError.
 
     ``values`` may be raw API payloads: every field is checked here, in the CLI's words, and
     files must lie in ``uploads`` (the studio's upload folder) when it is given.
@@ -164,8 +152,7 @@ def request_from_form(values: dict[str, Any], capabilities: Capabilities, engine
         raise InputError("compile", f"{capabilities.engine} has no compile mode {request.compile!r}",
                          f"use one of {', '.join(capabilities.compile_modes)}")
     layout = layout_from_form(values.get("layout_preset"), values.get("sp"), values.get("cfg"), values.get("ep"))
-    warnings = engine.check_layout(layout, get_tier(request.tier))
-    return request, layout, warnings
+    return engine.plan(request, layout)
 
 
 def layout_report(values: dict[str, Any], capabilities: Capabilities, engine: Engine, gpu_gib: float) -> str:

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import runs
-from ..engines.base import Engine, Progress
+from ..engines.base import Engine, Plan, Progress
 from ..errors import Cancelled, InputError, describe_os_error
 from ..layouts import Layout
 from ..request import Request
-from ..tiers import get_tier
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +32,23 @@ TERMINAL = ("done", "refused", "cancelled", "failed")
 
 @dataclass
 class Job:
-    """One submitted request; ``ticket`` numbers jobs in submission order."""
+    """One submitted plan (checked at the door); ``ticket`` numbers jobs in submission order."""
 
     ticket: int
     owner: str
-    request: Request
-    layout: Layout
+    plan: Plan
     submitted: float = field(default_factory=time.time)
     cancel: threading.Event = field(default_factory=threading.Event)
     events: queue.Queue = field(default_factory=queue.Queue)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)  # unguessable: cancel_job needs no session
+
+    @property
+    def request(self) -> Request:
+        return self.plan.request
+
+    @property
+    def layout(self) -> Layout:
+        return self.plan.layout
 
 
 @dataclass(frozen=True)
@@ -105,8 +111,8 @@ class EngineSlot:
         return f"{self._state} · {where} · {waiting} waiting"
 
     # -- submitting and following ----------------------------------------------------------
-    def submit(self, request: Request, layout: Layout, owner: str) -> Job:
-        """Queue a validated request, or refuse when the queue is full."""
+    def submit(self, plan: Plan, owner: str) -> Job:
+        """Queue a plan (``engine.plan`` checked it), or refuse when the queue is full."""
         with self._cond:
             if self._closed:
                 raise InputError("queue", "the studio is shutting down", "try again after it restarts")
@@ -115,7 +121,7 @@ class EngineSlot:
                     "queue", f"{len(self._waiting)} runs are already waiting (the limit)",
                     "try again when the queue is shorter",
                 )
-            job = Job(next(self._tickets), owner, request, layout)
+            job = Job(next(self._tickets), owner, plan)
             self._waiting.append(job)
             self._cond.notify_all()
         return job
@@ -193,15 +199,14 @@ class EngineSlot:
             put(Update("cancelled", message="cancelled while waiting; nothing was run"))
             return
         try:
-            self.engine.check_layout(job.layout, get_tier(job.request.tier))
             if self.engine.layout != job.layout:
                 self._state = "loading"
                 put(Update("progress", progress=Progress(
                     "load", message=f"restarting the engine for layout {job.layout.name}")))
                 self.engine.start(job.layout)
             self._state = "busy"
-            run = runs.execute(
-                self.engine, job.request, job.layout, self.outputs_root,
+            run = runs.execute_plan(
+                self.engine, job.plan, self.outputs_root,
                 on_progress=lambda event: put(Update("progress", progress=event)),
                 cancel=job.cancel,
                 extra={"studio": {"ticket": job.ticket, "queued_s": round(time.time() - job.submitted, 3)}},
@@ -226,7 +231,8 @@ def failure_line(err: BaseException) -> str:
     return f"the engine failed: {type(err).__name__}{': ' + first if first else ''} (details in the studio log)"
 
 
-def describe_progress(event: Progress, seen: dict[str, tuple[float, int]], now: float | None = None) -> tuple[str, float | None]:
+def describe_progress(event: Progress, seen: dict[str, tuple[float, int]],
+                      now: float | None = None) -> tuple[str, float | None]:
     """One line for a progress event (stage, step i/N, ETA) and the fraction done, if known.
 
     ``seen`` keeps, per stage, when and at which step the follower first saw it; the ETA is

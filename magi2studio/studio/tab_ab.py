@@ -7,8 +7,6 @@ GPUs, so the view says so and points to ``magi2studio ab`` from a shell.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
 import gradio as gr
@@ -16,6 +14,7 @@ import gradio as gr
 from ..ab import BIT_IDENTICAL, check_pairs, parse_side, run_ab
 from ..errors import Cancelled, InputError
 from ..request import build_request
+from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext
 
 TAB_ID = "ab"
@@ -40,7 +39,8 @@ def verdict_text(report: dict) -> str:
         lines += [f"- {group}: {', '.join(names)}" for group, names in identity.get("groups", {}).items()]
     if "median_ratio" in timing:
         lines.append(f"**candidate/control: median {timing['median_ratio']:.4f}** (range {timing['min_ratio']:.4f}-"
-                     f"{timing['max_ratio']:.4f}, spread {timing['spread_pct']:.2f}%) over {timing['compared_pairs']} pairs")
+                     f"{timing['max_ratio']:.4f}, spread {timing['spread_pct']:.2f}%) "
+                     f"over {timing['compared_pairs']} pairs")
     else:
         lines.append(timing["note"])
     lines += [f"- excluded {text}" for text in timing["excluded"]]
@@ -75,7 +75,7 @@ def build(ctx: StudioContext) -> None:
         table = gr.Dataframe(headers=COLUMNS, interactive=False, label="Runs")
         verdict = gr.Markdown()
 
-    active: dict[str, threading.Event] = {}
+    jobs = BackgroundJobs("ab", (Cancelled, InputError))
 
     def run_pairs(prompt_value, tier_value, seed_value, steps_value, pairs_value, control_value, candidate_value,
                   layout_value, request: gr.Request):
@@ -90,47 +90,30 @@ def build(ctx: StudioContext) -> None:
         except (InputError, ValueError) as err:
             raise gr.Error(str(err), print_exception=False) from None
         out = ctx.outputs_root / "ab" / time.strftime("%Y%m%d-%H%M%S")
-        events: queue.Queue = queue.Queue()
-        cancel = threading.Event()
-        active[owner] = cancel
         runs_seen: dict[int, object] = {}
-
-        def work():
-            try:
-                report = run_ab(base, sides, count, engine_name=ctx.capabilities.engine, out=out, cancel=cancel,
-                                on_event=lambda kind, run, payload: events.put((kind, run, payload)))
-                events.put(("finished", report, None))
-            except (Cancelled, InputError) as err:
-                events.put(("stopped", str(err), None))
-            except Exception as err:  # shown to the user; nothing else reads this thread
-                events.put(("error", f"{err.__class__.__name__}: {err}", None))
-
-        threading.Thread(target=work, name=f"ab-{owner}", daemon=True).start()
+        events = jobs.start(owner, lambda cancel, emit: run_ab(base, sides, count, engine_name=ctx.capabilities.engine,
+                                                                out=out, cancel=cancel, on_event=emit))
         yield f"{2 * count} runs, each in a fresh process", [], ""
-        while True:
-            kind, first, payload = events.get()
-            if kind in ("finished", "stopped", "error"):
+        for kind, first, payload in events:
+            if kind in TERMINAL:
                 break
             runs_seen[first.order] = first
+            which = f"run {first.order + 1}/{2 * count} ({first.side})"
             if kind == "progress" and payload.get("step") is not None:
-                line = f"run {first.order + 1}/{2 * count} ({first.side}): step {payload['step'] + 1}/{payload['total']}"
+                line = f"{which}: step {payload['step'] + 1}/{payload['total']}"
             elif kind in ("start", "done"):
-                line = f"run {first.order + 1}/{2 * count} ({first.side}): {first.status if kind == 'done' else 'starting'}"
+                line = f"{which}: {first.status if kind == 'done' else 'starting'}"
             else:
                 continue
             yield line, run_rows([runs_seen[k] for k in sorted(runs_seen)]), gr.skip()
-        active.pop(owner, None)
         if kind != "finished":
             yield f"**{kind}**: {first}", gr.skip(), gr.skip()
             return
         yield f"**done**. Reports: `{out / 'ab.md'}`, `ab.json`", gr.skip(), verdict_text(first)
 
     def stop_pairs(request: gr.Request):
-        owner = request.session_hash or "anonymous"
-        cancel = active.get(owner)
-        if cancel is None:
+        if not jobs.stop(request.session_hash or "anonymous"):
             return "nothing of yours is running"
-        cancel.set()
         return "stopping: the running process is ended at its next progress line"
 
     start.click(run_pairs, [prompt, tier, seed, steps, pairs, control, candidate, layout], [status, table, verdict],

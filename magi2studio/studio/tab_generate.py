@@ -212,8 +212,8 @@ def build(ctx: StudioContext) -> None:
         form_values = {name: arguments[name] for name in F.FIELDS}
         cleared = {box: _error_line("") for box in error_boxes}
         try:
-            run_request, layout, _warnings = F.request_from_form(form_values, caps, ctx.engine, ctx.uploads)
-            job = ctx.slot.submit(run_request, layout, request.session_hash or "anonymous")
+            plan = F.plan_from_form(form_values, caps, ctx.engine, ctx.uploads)
+            job = ctx.slot.submit(plan, request.session_hash or "anonymous")
         except InputError as err:
             yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"✗ {err}"),
                    progress: _progress_html("refused: fix the field marked above")}
@@ -291,7 +291,7 @@ def _first_runnable_tier(caps) -> str:
 
 def _default_preset(ctx: StudioContext) -> str:
     """The layout the engine runs or preloads, else the first preset it takes without warnings
-    (PRESETS lists the seed's fastest layouts first)."""
+    (PRESETS lists the MUSA report's fastest layouts first)."""
     layout = ctx.engine.layout or ctx.slot.preload
     if layout is not None:
         return layout.name if layout.name in PRESETS else F.CUSTOM

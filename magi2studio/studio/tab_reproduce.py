@@ -7,9 +7,7 @@ table with verdicts and the poster thumbnails; the reports land under ``outputs/
 
 from __future__ import annotations
 
-import queue
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -17,13 +15,15 @@ import gradio as gr
 
 from ..errors import Cancelled, EngineError, InputError, describe_os_error
 from ..layouts import parse_layout
-from ..reproduce import BUNDLED_REFERENCES, load_reference, reproduce
+from ..references import BUNDLED_REFERENCES, load_reference
+from ..reproduce import reproduce
 from ..samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
-from ..tiers import get_tier
+from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext
 
 TAB_ID = "reproduce"
-COLUMNS = ["sample", "status", "mode", "seed", "tier", "steps", "frames sha256", "pcm sha256", "gate ms/step", "verdict"]
+COLUMNS = ["sample", "status", "mode", "seed", "tier", "steps", "frames sha256", "pcm sha256", "gate ms/step",
+           "verdict"]
 BUNDLED_CHOICE = "Sand AI's demo_samples.json (bundled)"
 UPLOAD_CHOICE = "Upload a set"
 
@@ -83,6 +83,8 @@ def build(ctx: StudioContext) -> None:
         posters = gr.Gallery(label="Posters", columns=4, height="auto", allow_preview=True)
         notes = gr.Markdown()
 
+    jobs = BackgroundJobs("reproduce", (Cancelled,))
+
     def run_set(source_value, files, tier_value, layout_value, seed_value, policy_value, steps_value,
                 expect_value, expect_path, skip_value, request: gr.Request):
         owner = request.session_hash or "anonymous"
@@ -95,8 +97,7 @@ def build(ctx: StudioContext) -> None:
                                          seed_policy=policy_value, defaults=defaults, skip_missing=skip_value,
                                          root=None if set_path == BUNDLED_ALIAS else set_path.parent.parent)
             chosen_layout = parse_layout(layout_value)
-            for sample in sample_set.samples:
-                ctx.engine.check_layout(chosen_layout, get_tier(sample.request.tier))
+            plans = {sample.name: ctx.engine.plan(sample.request, chosen_layout) for sample in sample_set.samples}
             reference_path = expect_path or (None if expect_value == "none" else expect_value)
             reference = load_reference(reference_path) if reference_path else None
         except (InputError, OSError) as err:
@@ -105,53 +106,43 @@ def build(ctx: StudioContext) -> None:
             message = describe_os_error(err) if isinstance(err, OSError) else str(err)
             raise gr.Error(message, print_exception=False) from None
         out = ctx.outputs_root / "reproduce" / time.strftime("%Y%m%d-%H%M%S")
-        events: queue.Queue = queue.Queue()
-        cancel = threading.Event()
-        active_runs[owner] = cancel
 
-        def through_slot(sample, extra, on_progress, cancel_event):
-            job = ctx.slot.submit(sample.request, chosen_layout, owner)
-            for update in ctx.slot.follow(job):
-                if cancel_event is not None and cancel_event.is_set():
-                    ctx.slot.cancel(owner)
-                if update.kind == "progress" and update.progress is not None:
-                    on_progress(update.progress)
-                elif update.kind == "queued":
-                    events.put(("queued", sample.name, update.position))
-                elif update.kind == "done":
-                    return update.run
-                elif update.kind == "refused":
-                    raise update.error
-                elif update.kind == "cancelled":
-                    raise Cancelled(update.message)
-                elif update.kind == "failed":
-                    raise EngineError(update.message)
-            raise EngineError("the engine slot stopped without a result")
+        def work(cancel, emit):
+            def through_slot(sample, extra, on_progress, cancel_event):
+                job = ctx.slot.submit(plans[sample.name], owner)
+                for update in ctx.slot.follow(job):
+                    if cancel_event is not None and cancel_event.is_set():
+                        ctx.slot.cancel(owner)
+                    if update.kind == "progress" and update.progress is not None:
+                        on_progress(update.progress)
+                    elif update.kind == "queued":
+                        emit("queued", sample.name, update.position)
+                    elif update.kind == "done":
+                        return update.run
+                    elif update.kind == "refused":
+                        raise update.error
+                    elif update.kind == "cancelled":
+                        raise Cancelled(update.message)
+                    elif update.kind == "failed":
+                        raise EngineError(update.message)
+                raise EngineError("the engine slot stopped without a result")
 
-        def work():
-            try:
-                report = reproduce(sample_set, engine_name=ctx.capabilities.engine, layout=chosen_layout, out=out,
-                                   runs_root=ctx.outputs_root, run_entry=through_slot, reference=reference,
-                                   reference_path=str(reference_path) if reference_path else None, cancel=cancel,
-                                   on_event=lambda kind, result, payload: events.put((kind, result, payload)))
-                events.put(("finished", report, None))
-            except Cancelled as err:
-                events.put(("stopped", str(err), None))
-            except OSError as err:
-                events.put(("error", describe_os_error(err), None))
-            except Exception as err:  # shown to the user; nothing else reads this thread
-                events.put(("error", f"{err.__class__.__name__}: {err}", None))
-            finally:
-                if staged is not None:  # the staged upload is read; it goes with the run
-                    shutil.rmtree(staged, ignore_errors=True)
+            return reproduce(sample_set, engine_name=ctx.capabilities.engine, layout=chosen_layout, out=out,
+                             runs_root=ctx.outputs_root, run_entry=through_slot, reference=reference,
+                             reference_path=str(reference_path) if reference_path else None, cancel=cancel,
+                             on_event=emit)
 
-        threading.Thread(target=work, name=f"reproduce-{owner}", daemon=True).start()
+        def remove_staged():  # the staged upload is read; it goes with the run
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
+
+        events = jobs.start(owner, work, cleanup=remove_staged)
         total = len(sample_set.samples)
         done = 0
-        line = f"{total} entries to run or resume" + (f", {len(sample_set.skipped)} skipped" if sample_set.skipped else "")
+        skipped = f", {len(sample_set.skipped)} skipped" if sample_set.skipped else ""
+        line = f"{total} entries to run or resume{skipped}"
         yield line, None, None, ""
-        while True:
-            kind, first, payload = events.get()
+        for kind, first, payload in events:
             if kind == "start":
                 line = f"[{first.index + 1}/{total + len(sample_set.skipped)}] {first.name}: starting"
             elif kind == "queued":
@@ -161,12 +152,11 @@ def build(ctx: StudioContext) -> None:
             elif kind == "done":
                 done += 1
                 line = f"{first.name}: {first.status} ({done}/{total})"
-            elif kind in ("finished", "stopped", "error"):
+            elif kind in TERMINAL:
                 break
             else:
                 continue
             yield line, gr.skip(), gr.skip(), gr.skip()
-        active_runs.pop(owner, None)
         if kind != "finished":
             yield f"**{kind}**: {first}", gr.skip(), gr.skip(), gr.skip()
             return
@@ -178,14 +168,10 @@ def build(ctx: StudioContext) -> None:
         yield (f"**done**: {summary}. Reports: `{out / 'report.html'}`, `report.md`, `report.json`",
                rows_of(report), gallery, footer)
 
-    active_runs: dict[str, threading.Event] = {}
-
     def stop_set(request: gr.Request):
         owner = request.session_hash or "anonymous"
-        cancel = active_runs.get(owner)
-        if cancel is None:
+        if not jobs.stop(owner):
             return "nothing of yours is running"
-        cancel.set()
         ctx.slot.cancel(owner)
         return "stopping at the next step boundary"
 

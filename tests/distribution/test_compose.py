@@ -75,7 +75,8 @@ def test_compose_validates_for_each_platform(platform):
     studio = project["services"]["studio"]
     assert studio["build"]["args"]["MAGI2_PLATFORM"] == platform
     assert studio["ports"] == ["7860:7860"] and studio["restart"] == "unless-stopped"
-    assert "healthcheck" in studio and {"type": "volume", "source": "outputs", "target": "/outputs"} in studio["volumes"]
+    assert "healthcheck" in studio
+    assert {"type": "volume", "source": "outputs", "target": "/outputs"} in studio["volumes"]
     weights = [v for v in studio["volumes"] if v["target"] == "/models/MAGI-2-preview"]
     dockerfile_cmd = re.search(r"^CMD (\[.*\])$", (ROOT / "image" / "Dockerfile").read_text(), re.M)[1]
     served = build_parser().parse_args(studio.get("command") or json.loads(dockerfile_cmd))
@@ -128,7 +129,8 @@ def test_compose_gives_the_container_what_the_image_test_checks(platform):
     env = {} if platform == "cpu" else {"MAGI2_PLATFORM": platform, "MAGI2_BASE_DIGEST": digest,
                                         "MAGI2_VLLM_OMNI_COMMIT": commit}
     studio = load_project(env)["services"]["studio"]
-    assert compose_run_spec(studio, platform) == contract.run_spec(platform, *(() if platform == "cpu" else (digest, commit)))
+    pins = () if platform == "cpu" else (digest, commit)
+    assert compose_run_spec(studio, platform) == contract.run_spec(platform, *pins)
 
 
 def test_compose_drift_is_caught():

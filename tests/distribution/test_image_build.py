@@ -34,7 +34,8 @@ PROMPT = "a red kite over a grey sea, wind and gulls"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not shutil.which("buildah") or not shutil.which("debootstrap") or os.geteuid() != 0,
-                       reason="needs root, buildah and debootstrap (apt-get install buildah debootstrap; .ci/run does)"),
+                       reason="needs root, buildah and debootstrap "
+                              "(apt-get install buildah debootstrap; .ci/run does)"),
 ]
 
 
@@ -115,7 +116,8 @@ def test_runs_as_10001_with_the_oci_labels_ports_and_env(built):
     assert set(contract.OCI_LABELS) <= set(labels), set(contract.OCI_LABELS) - set(labels)
     assert labels["org.opencontainers.image.revision"] == built.revision
     assert labels["org.opencontainers.image.base.digest"] == built.base_digest
-    assert labels["io.magi2studio.lock.sha256"] == hashlib.sha256((ROOT / "image" / "lock.yaml").read_bytes()).hexdigest()
+    lock_sha256 = hashlib.sha256((ROOT / "image" / "lock.yaml").read_bytes()).hexdigest()
+    assert labels["io.magi2studio.lock.sha256"] == lock_sha256
     assert config.get("Healthcheck", {}).get("Test"), "the docker-format image lost its HEALTHCHECK"
 
 

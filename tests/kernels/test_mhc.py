@@ -68,7 +68,8 @@ def test_mix_and_pre(gen, poison, hidden):
     residual = torch.rand(tokens, 4, 4, generator=gen)
     out = mhc.mix(streams, branch, post, residual)
     assert rel_err(out, mhc.reference_mix(streams.double(), branch.double(), post.double(), residual.double())) <= 1e-6
-    alpha, bias, logits = torch.rand(1, generator=gen), torch.randn(4, generator=gen), torch.randn(tokens, 4, generator=gen)
+    alpha, bias = torch.rand(1, generator=gen), torch.randn(4, generator=gen)
+    logits = torch.randn(tokens, 4, generator=gen)
     pre = mhc.apply_pre(streams, alpha, bias, logits, scale=0.3, out_dtype=torch.float32)
     ref = mhc.reference_apply_pre(streams.double(), alpha.double(), bias.double(), logits.double(), scale=0.3,
                                   out_dtype=torch.float64)

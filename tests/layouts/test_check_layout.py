@@ -18,7 +18,8 @@ def test_check_layout_limits():
         engine.check_layout(parse_layout("sp4-cfg2"), tier)
     with pytest.raises(InputError, match="#8511"):
         engine.check_layout(parse_layout("sp2-cfg1-ep1"), tier)
-    assert engine.check_layout(parse_layout("sp2-cfg1-ep2"), tier) == engine.check_layout(parse_layout("sp2-cfg1"), tier)
+    explicit = engine.check_layout(parse_layout("sp2-cfg1-ep2"), tier)
+    assert explicit == engine.check_layout(parse_layout("sp2-cfg1"), tier)
     with pytest.raises(InputError, match="do not divide by sp3"):
         engine.check_layout(parse_layout("sp3-cfg1"), tier)
     warnings = engine.check_layout(parse_layout("sp2-cfg2"), tier)

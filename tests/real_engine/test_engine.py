@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from magi2studio.capabilities import detect
+from magi2studio.engines.vllm_omni.capabilities import detect
 from magi2studio.engines import get_engine
 from magi2studio.errors import InputError
 from magi2studio.layouts import parse_layout

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from magi2studio.capabilities import detect, tier_refusal
+from magi2studio.engines.vllm_omni.capabilities import detect, tier_refusal
 from magi2studio.engines.vllm_omni import params
 from magi2studio.engines.vllm_omni.engine import VllmOmniEngine
 from magi2studio.engines.vllm_omni.output import map_output
@@ -67,7 +67,8 @@ def as_request_output(diffusion_output, request):
     raw = pipeline_magi2._magi2_post_process(diffusion_output.output)
     config = OmniDiffusionConfig.from_kwargs(model="sand-ai/MAGI-2-preview", model_class_name="Magi2Pipeline")
     (output,) = format_diffusion_outputs(request=request, od_config=config, diffusion_output=diffusion_output,
-                                         output_data=raw, postprocess_output=normalize_diffusion_postprocess_output(raw))
+                                         output_data=raw,
+                                         postprocess_output=normalize_diffusion_postprocess_output(raw))
     return output
 
 

@@ -19,7 +19,7 @@ from magi2studio.timing import read_jsonl
 
 from .tiny_sampler import spawn
 
-STEPS = 3  # the fewest that leave a step for the seed's metric after steps 0 and 1
+STEPS = 3  # the fewest that leave a step for the MUSA report's metric after steps 0 and 1
 
 
 def _results(folder, world_size):

@@ -22,7 +22,6 @@ the form parser's module (``video/generation/helpers.py``) needs the same ``laun
 import ast
 import asyncio
 import hashlib
-import io
 import json
 import os
 import socket
@@ -125,7 +124,8 @@ def serve(port: int, record_dir: Path) -> None:
             metrics_dir = os.environ.get(ENV_METRICS_DIR)
             if metrics_dir:  # what the worker plugin appends on each rank after sampling
                 for rank in (0, 1):
-                    write_jsonl([StepRecord(rank, "preview", step, 10.0 + step + rank) for step in range(seen["steps"])],
+                    write_jsonl([StepRecord(rank, "preview", step, 10.0 + step + rank)
+                                 for step in range(seen["steps"])],
                                 steps_file(metrics_dir, rank))
             raw = pipeline_magi2._magi2_post_process(output.output)
             config = OmniDiffusionConfig.from_kwargs(model=MODEL, model_class_name="Magi2Pipeline")

@@ -17,12 +17,13 @@ SHARED = Path("/work/shared/sandai-assets/magi2_refiner.json")
 
 
 def test_the_recipe_is_sand_ais_and_the_bundled_json_is_theirs():
-    from magi2studio.engines.embedded.driver import SANDAI_REFINER_JSON, refiner_recipe
+    from magi2studio.engines.embedded.refiner import SANDAI_REFINER_JSON, refiner_recipe
 
     from magi2studio.engines.embedded.tiny import TinyConfig
 
     recipe = refiner_recipe()
-    assert (recipe.noise_value, recipe.shift, recipe.video_cfg, recipe.audio_cfg, recipe.steps) == (220, 5.0, 2.0, 5.0, 5)
+    assert ((recipe.noise_value, recipe.shift, recipe.video_cfg, recipe.audio_cfg, recipe.steps)
+            == (220, 5.0, 2.0, 5.0, 5))
     assert get_tier("1080p").refiner_steps == TinyConfig().default_refiner_steps == recipe.steps
     if SHARED.is_file():
         assert SANDAI_REFINER_JSON.read_bytes() == SHARED.read_bytes()
@@ -30,7 +31,7 @@ def test_the_recipe_is_sand_ais_and_the_bundled_json_is_theirs():
 
 @pytest.mark.parametrize("steps", [1, 2, 5])
 def test_the_schedule_starts_at_the_noise_value_on_the_shifted_curve(steps):
-    from magi2studio.engines.embedded.driver import refiner_recipe, refiner_schedulers
+    from magi2studio.engines.embedded.refiner import refiner_recipe, refiner_schedulers
 
     recipe = refiner_recipe()
     sigma, video, audio = refiner_schedulers(steps, recipe, torch.device("cpu"))
@@ -103,7 +104,8 @@ def test_refined_video_decodes_in_chunks_to_the_delivered_size(components):
     from magi2studio.engines.embedded.driver import EmbeddedDriver
 
     driver = EmbeddedDriver(components)
-    latent = torch.randn(1, 48, components.config.refiner_latent_frames, 17, 30, generator=torch.Generator().manual_seed(1))
+    latent = torch.randn(1, 48, components.config.refiner_latent_frames, 17, 30,
+                         generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         frames = driver.decode_refined_video(latent, 1920, 1080, 249)
     assert frames.shape == (249, 1080, 1920, 3) and frames.dtype == np.uint8
@@ -119,7 +121,8 @@ def test_1080p_layout_rules_in_the_embedded_engine():
     tier = get_tier("1080p")
     assert engine.capabilities().tiers["1080p"] is None
     engine.check_layout(Layout(2, 1), tier)
-    with pytest.raises(InputError, match=r"^layout: the tiny config's 2 refiner KV groups do not divide by sp4\. Fix: use sp1, sp2$"):
+    refusal = r"^layout: the tiny config's 2 refiner KV groups do not divide by sp4\. Fix: use sp1, sp2$"
+    with pytest.raises(InputError, match=refusal):
         engine.check_layout(Layout(4, 1), tier)
     engine.check_layout(Layout(4, 1), get_tier("540p"))  # the preview alone has 4 KV groups
     with pytest.raises(InputError, match="VAE patch-parallel = world size"):
@@ -130,7 +133,8 @@ def test_output_size_is_the_generated_one_or_a_listed_resize():
     assert output_size(build_request(prompt="p", tier="1080p")) == (1920, 1088)
     assert output_size(build_request(prompt="p", tier="1080p", output_height=1080)) == (1920, 1080)
     for fields, message in [
-        ({"tier": "1080p", "output_height": 1000}, "output_height: 1000 is not an output size of the 1080p tier. Fix: "),
+        ({"tier": "1080p", "output_height": 1000},
+         "output_height: 1000 is not an output size of the 1080p tier. Fix: "),
         ({"tier": "1080p", "output_width": 1280}, "output_width: 1280 is not an output size of the 1080p tier. Fix: "),
         ({"tier": "272p", "output_height": 1080}, "output_height: 1080 is not an output size of the 272p tier. Fix: "),
         ({"tier": "1080p", "output_height": True}, "output_height: "),
@@ -168,12 +172,12 @@ def test_cli_output_size_and_refiner_steps_flags_reach_the_request():
 
 def test_the_studio_form_passes_refiner_steps_for_1080p():
     from magi2studio.engines.embedded.engine import EmbeddedEngine
-    from magi2studio.studio.form import request_from_form
+    from magi2studio.studio.form import plan_from_form
 
     engine = EmbeddedEngine()
-    request, layout, _ = request_from_form({"prompt": "p", "tier": "1080p", "refiner_steps": "3", "video_cfg": 5.0,
-                                            "audio_cfg": 7.0, "layout_preset": "sp1-cfg1"},
-                                           engine.capabilities(), engine)
+    plan = plan_from_form({"prompt": "p", "tier": "1080p", "refiner_steps": "3", "video_cfg": 5.0,
+                           "audio_cfg": 7.0, "layout_preset": "sp1-cfg1"}, engine.capabilities(), engine)
+    request, layout = plan.request, plan.layout
     assert (request.tier, request.refiner_steps, layout.name) == ("1080p", 3, "sp1-cfg1")
     assert engine._resolve(request)[2] == 3
     assert engine._resolve(build_request(prompt="p", tier="1080p"))[2] == engine.config.default_refiner_steps

@@ -62,16 +62,19 @@ def test_1080p_audio_is_the_preview_stages_audio_bit_for_bit(runs_1080_and_540):
 def test_refiner_steps_are_their_own_stage_in_steps_jsonl_the_manifest_and_the_plot(runs_1080_and_540):
     hd, preview = runs_1080_and_540
     records = read_jsonl(hd.steps)
-    assert [(r["stage"], r["step"]) for r in records] == [("preview", 0), ("preview", 1), ("refiner", 0), ("refiner", 1)]
+    assert ([(r["stage"], r["step"]) for r in records]
+            == [("preview", 0), ("preview", 1), ("refiner", 0), ("refiner", 1)])
     assert list(hd.manifest["timing"]["stages"]) == ["preview", "refiner"]
     assert hd.manifest["timing"]["stages"]["refiner"]["steps"] == 2
     assert hd.manifest["resolved"]["refiner_steps"] == 2 and hd.manifest["resolved"]["output_size"] == "1920x1088"
     assert preview.manifest["resolved"]["refiner_steps"] is None
-    assert {"encode", "preview", "refiner", "decode_video", "decode_audio", "mux"} <= set(hd.manifest["timing"]["stage_ms"])
+    stages = {"encode", "preview", "refiner", "decode_video", "decode_audio", "mux"}
+    assert stages <= set(hd.manifest["timing"]["stage_ms"])
     frame = timing_frame(records)
     series = set(frame["series"])
     assert any(s.startswith("refiner") for s in series) and any(s.startswith("preview") for s in series)
-    assert set(frame[frame["series"].str.startswith("refiner")]["ms"]) == {r["ms"] for r in records if r["stage"] == "refiner"}
+    refiner_ms = set(frame[frame["series"].str.startswith("refiner")]["ms"])
+    assert refiner_ms == {r["ms"] for r in records if r["stage"] == "refiner"}
     assert json.loads((hd.path / "manifest.json").read_text())["engine"]["embedded"] is True
 
 
@@ -90,5 +93,6 @@ def test_1080p_on_two_ulysses_ranks(tmp_path):
         engine.close()
     assert (folder.manifest["output"]["frames"], folder.manifest["output"]["height"]) == (249, 1080)
     records = read_jsonl(folder.steps)
-    assert sorted((r["rank"], r["stage"]) for r in records) == [(0, "preview"), (0, "refiner"), (1, "preview"), (1, "refiner")]
+    assert (sorted((r["rank"], r["stage"]) for r in records)
+            == [(0, "preview"), (0, "refiner"), (1, "preview"), (1, "refiner")])
     assert np.isfinite([r["ms"] for r in records]).all()

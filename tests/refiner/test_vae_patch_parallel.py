@@ -14,7 +14,8 @@ def _rank(rank, port, root, results):
     try:
         driver = EmbeddedDriver(load_components(root))
         driver.set_vae_patch_parallel(2)
-        latent = torch.randn(1, 48, driver.c.config.refiner_latent_frames, 17, 30, generator=torch.Generator().manual_seed(5))
+        latent = torch.randn(1, 48, driver.c.config.refiner_latent_frames, 17, 30,
+                             generator=torch.Generator().manual_seed(5))
         with torch.inference_mode():
             frames = driver.decode_refined_video(latent, 480, 272, 249)
         results.put((rank, None if frames is None else frames.tobytes()))
@@ -42,6 +43,7 @@ def test_patch_parallel_decode_gives_rank_0_the_single_process_clip(tmp_path):
         proc.join(60)
     assert got[1] is None  # rank 1 decoded its tiles and handed them over
     single = EmbeddedDriver(load_components(root))  # no torch.distributed world here: one process decodes all
-    latent = torch.randn(1, 48, single.c.config.refiner_latent_frames, 17, 30, generator=torch.Generator().manual_seed(5))
+    latent = torch.randn(1, 48, single.c.config.refiner_latent_frames, 17, 30,
+                         generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():
         assert got[0] == single.decode_refined_video(latent, 480, 272, 249).tobytes()

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from magi2studio.errors import InputError
-from magi2studio.reproduce import DIFFERS, IDENTICAL, hash_verdict, load_reference, run_key, timing_checks
+from magi2studio.references import DIFFERS, IDENTICAL, hash_verdict, load_reference, timing_checks
+from magi2studio.reproduce import run_key
 from magi2studio.request import build_request
 from magi2studio.samples import BUNDLED_DIR
 

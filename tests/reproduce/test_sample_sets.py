@@ -48,7 +48,8 @@ def test_bundled_set_is_sand_ai_published_files_as_pinned_in_the_lock():
 def test_bundled_set_reads_four_entries_and_reports_the_unpublished_one():
     sample_set = load_sample_set("sandai", skip_missing=True)
     assert [(s.name, s.request.mode) for s in sample_set.samples] == [
-        ("sample_000-i2va", "i2va"), ("sample_001-i2va", "i2va"), ("sample_000-t2va", "t2va"), ("sample_001-t2va", "t2va")]
+        ("sample_000-i2va", "i2va"), ("sample_001-i2va", "i2va"),
+        ("sample_000-t2va", "t2va"), ("sample_001-t2va", "t2va")]
     for sample in sample_set.samples:
         assert 8_000 < len(sample.request.prompt) < 11_500  # the long published prompts, passed through
         assert sample.request.prompt == sample.request.prompt.strip()
@@ -72,8 +73,9 @@ def test_seed_policies_fixed_offset_and_an_entry_seed(tmp_path):
 
 
 def test_paths_resolve_in_the_sets_folder_then_the_named_root(tmp_path):
-    set_file = make_repo(tmp_path, [{"prompt_file": "sample_000.txt"}, {"prompt_file": "assets/sample_000.txt",
-                                                                          "image": "assets/sample_000.jpeg", "name": "x"}])
+    set_file = make_repo(tmp_path, [{"prompt_file": "sample_000.txt"},
+                                    {"prompt_file": "assets/sample_000.txt", "image": "assets/sample_000.jpeg",
+                                     "name": "x"}])
     samples = load_sample_set(set_file, root=tmp_path / "repo").samples
     assert samples[0].request.prompt_file == samples[1].request.prompt_file == str(set_file.parent / "sample_000.txt")
     assert samples[1].request.mode == "i2va" and samples[1].name == "x"

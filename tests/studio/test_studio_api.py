@@ -133,4 +133,5 @@ def test_1080p_runs_on_the_embedded_engine_with_the_refiner_steps_control(studio
     assert manifest["request"]["tier"] == "1080p" and manifest["request"]["refiner_steps"] == 2
     assert manifest["resolved"]["output_size"] == "1920x1088"
     assert manifest["timing"]["stages"]["refiner"]["steps"] == 2
-    assert (manifest["output"]["width"], manifest["output"]["height"], manifest["output"]["frames"]) == (1920, 1088, 249)
+    output = manifest["output"]
+    assert (output["width"], output["height"], output["frames"]) == (1920, 1088, 249)

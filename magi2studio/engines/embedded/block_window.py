@@ -1,30 +1,7 @@
 """Block-window local attention for the MAGI-2 refiner, and the refiner DiT that uses it.
 
 vLLM-Omni 0.30.0 has no refiner (upstream PR #8915), so this is our reading of Sand AI's
-``magi2_refiner.json`` ``attn_config``: ``mode: window``, ``block_t_size: 8``,
-``block_size: 4``, ``window: {level: block, block_mode: grid, block_{t,h,w}_radius: 2,
-win_size: 384, frame_receptive_field: -1, full_attn_layers: []}``.
-
-The interpretation, per packed sample (one CFG branch; samples never see each other):
-
-* **Grid tokens** are the clip's video tokens on the latent (t, h, w) grid (the first
-  ``T*H*W`` tokens of a sample in upstream's VIDEO -> AUDIO -> TEXT packing). Each belongs to
-  block ``(t // block_t, h // block_h, w // block_w)``; edge blocks are partial.
-* ``level: block`` + ``block_mode: grid``: a grid query attends to the grid keys whose block
-  lies within the radius of its own block in each axis (a 5 x 5 x 5 box of blocks at radius
-  2, clipped at the clip's edges). The window is decided per block, not per token.
-* **Text and audio tokens are global** (rows and columns): every grid query also attends to
-  all of its sample's text and audio tokens, and text/audio queries attend to the whole
-  sample. They are the conditioning and the other modality; they have no (h, w) position
-  on the grid, so a spatial window cannot apply to them. Reference-image tokens (VIDEO
-  modality off the clip's grid) are global the same way.
-* ``win_size`` (384) is the token-level window of ``level: token``; with ``level: block``
-  the block radii decide the window, so it does not enter the mask. ``frame_receptive_field
-  -1`` adds no temporal limit beyond the block radius, and ``full_attn_layers: []`` keeps the
-  window in every local layer.
-* The attention sink (the preview's zero-value sink logits) is kept: the refiner extends
-  ``magi2_preview.json``.
-
+``magi2_refiner.json`` ``attn_config`` (the reading: docs/engines.md, "Block-window attention").
 :func:`block_window_attention` gathers each query block's key box and computes only that;
 :func:`reference_mask` + :func:`masked_dense_attention` are the explicit-mask oracle it is
 tested against (``tests/refiner/test_block_window.py``).
@@ -59,7 +36,8 @@ class BlockWindow:
 
         window = attn_config["window"]
         expected = {"mode": attn_config.get("mode"), "level": window.get("level"),
-                    "block_mode": window.get("block_mode"), "frame_receptive_field": window.get("frame_receptive_field"),
+                    "block_mode": window.get("block_mode"),
+                    "frame_receptive_field": window.get("frame_receptive_field"),
                     "full_attn_layers": window.get("full_attn_layers")}
         if expected != {"mode": "window", "level": "block", "block_mode": "grid", "frame_receptive_field": -1,
                         "full_attn_layers": []}:

@@ -1,9 +1,10 @@
 """Generate the tiny checkpoint in the released ``sand-ai/MAGI-2-preview`` folder layout.
 
 The tree is what the real engine expects (``preview/model.safetensors.index.json`` + shards,
-``refiner/`` the same way for the 1080p refiner DiT, ``text_encoder/``, ``vae/Wan2.2_VAE.pth``, ``turbo_vae/``, ``stable-audio-open-1.0/``), with
-seeded random weights, so the engine loads it through upstream's loading code. The one
-stand-in is the image encoder under ``vae/`` (see :mod:`.components`).
+``refiner/`` the same way for the 1080p refiner DiT, ``text_encoder/``, ``vae/Wan2.2_VAE.pth``,
+``turbo_vae/``, ``stable-audio-open-1.0/``), with seeded random weights, so the engine loads it
+through upstream's loading code. The one stand-in is the image encoder under ``vae/`` (see
+:mod:`.components`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from .components import TURBO_CONFIG_NAME, TinyImageEncoder
 from .tiny import TINY_CONFIG_FILE, TinyConfig
 
-TURBO_CONFIG_NAME = "TurboV3-Wan22-TinyShallow_7_7.json"
 DEFAULT_ROOT = Path(os.environ.get("MAGI2_TINY_CKPT", Path.home() / ".cache" / "magi2studio"))
 _TOKENIZER_CORPUS = Path(__file__).with_name("tokenizer_corpus.txt")
 # Bump when the generated tree changes, so a cached older tree is not reused.
@@ -164,8 +165,6 @@ def _write_text_encoder(config: TinyConfig, folder: Path, generator: torch.Gener
 
 
 def _write_image_encoder(config: TinyConfig, folder: Path, generator: torch.Generator) -> None:
-    from .components import TinyImageEncoder
-
     folder.mkdir(parents=True)
     encoder = TinyImageEncoder(config.spatial_stride)
     torch.save(_seeded_state(encoder, generator), folder / "Wan2.2_VAE.pth")

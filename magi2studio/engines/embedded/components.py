@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import TURBO_CONFIG_NAME
 from .tiny import TINY_CONFIG_FILE, TinyConfig
+
+TURBO_CONFIG_NAME = "TurboV3-Wan22-TinyShallow_7_7.json"  # the tiny TurboVAE's config, under turbo_vae/
 
 STAND_INS = {
     "image_vae": "TinyImageEncoder (magi2studio): upstream LanceWanVAE hard-codes Wan2.2's full widths",
@@ -109,4 +110,5 @@ def load_components(root: Path) -> Components:
     video_decoder = Magi2TurboVAEDecoder(root / "turbo_vae" / TURBO_CONFIG_NAME, root / "turbo_vae" / "checkpoint.ckpt",
                                          device="cpu", dtype=torch.float32)
     audio_decoder = Magi2AudioDecoder(root / "stable-audio-open-1.0", device="cpu", dtype=torch.float32)
-    return Components(config, root, transformer, refiner, text_encoder, image_encoder, video_decoder, audio_decoder, loaded)
+    return Components(config, root, transformer, refiner, text_encoder, image_encoder, video_decoder, audio_decoder,
+                      loaded)

@@ -14,67 +14,23 @@ chunks to the tier's size (see :meth:`EmbeddedDriver.refine`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from ...errors import InputError
 from ...request import Request
 from ...tiers import AUDIO_SAMPLE_RATE, Tier, get_tier
 from ...timing import stage
 from .components import Components
+from .refiner import refiner_recipe, refiner_schedulers
 
-AUDIO_CHANNELS = 64
+AUDIO_LATENT_CHANNELS = 64
 VIDEO_CHANNELS = 48
-SANDAI_REFINER_JSON = Path(__file__).resolve().parents[2] / "data" / "sandai" / "magi2_refiner.json"
 DECODE_CHUNK_FRAMES = 2  # decoded frames upsampled at once (fp32 2 x 1088 x 1920 x 3 = 50 MB)
-
-
-@dataclass(frozen=True)
-class RefinerRecipe:
-    """Sand AI's refiner settings, read from their ``magi2_refiner.json`` (bundled)."""
-
-    noise_value: float
-    shift: float
-    video_cfg: float
-    audio_cfg: float
-    steps: int
-
-
-@cache
-def refiner_recipe() -> RefinerRecipe:
-    config = json.loads(SANDAI_REFINER_JSON.read_text(encoding="utf-8"))["evaluation_config"]
-    return RefinerRecipe(noise_value=float(config["magi2_refiner_noise_value"]),
-                         shift=float(config["magi2_refiner_shift"]),
-                         video_cfg=float(config["magi2_refiner_video_txt_guidance_scale"]),
-                         audio_cfg=float(config["magi2_refiner_audio_txt_guidance_scale"]),
-                         steps=int(config["magi2_refiner_num_inference_steps"]))
-
-
-def refiner_schedulers(steps: int, recipe: RefinerRecipe, device: torch.device):
-    """Upstream's flow UniPC schedulers, shifted by the recipe's shift, starting at its noise value.
-
-    ``set_timesteps(sigmas=s)`` shifts ``s`` as ``shift*s / (1 + (shift-1)*s)``; the start is
-    the inverse of that at ``noise_value / 1000``, so the first timestep is the noise value
-    and the ``steps`` timesteps span it down to 0 on the shifted curve.
-    """
-
-    from vllm_omni.diffusion.models.schedulers import FlowUniPCMultistepScheduler
-
-    sigma = recipe.noise_value / 1000.0
-    start = sigma / (recipe.shift - (recipe.shift - 1.0) * sigma)
-    schedulers = []
-    for _ in range(2):
-        scheduler = FlowUniPCMultistepScheduler()
-        base = np.linspace(start, scheduler.sigma_min, steps + 1)[:-1].copy()
-        scheduler.set_timesteps(device=device, sigmas=base, shift=recipe.shift)
-        schedulers.append(scheduler)
-    return sigma, schedulers[0], schedulers[1]
 
 
 @dataclass
@@ -97,6 +53,19 @@ class _Stages:
         result = fn(*args, **kwargs)
         self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - start) * 1e3
         return result
+
+
+def prepare_compile(transformer, mode: str) -> None:
+    """Compile the transformer's regions once per process; switching back needs a restart."""
+
+    current = getattr(transformer, "_magi2studio_compile", "eager")
+    if mode == current:
+        return
+    if current != "eager":
+        raise InputError("compile", f"this engine is already compiled {current}",
+                         "restart the engine (change layout or restart the studio) to switch compile mode")
+    transformer.compile_regions(fullgraph=True, dynamic=mode == "dynamic", options={"emulate_precision_casts": True})
+    transformer._magi2studio_compile = mode
 
 
 class EmbeddedDriver:
@@ -224,7 +193,7 @@ class EmbeddedDriver:
             audio_latent=audio_latent,
             txt_feat=context,
             null_txt_feat=context_null,
-            ref_audio_feat=torch.zeros(1, 0, AUDIO_CHANNELS, device=self.device),
+            ref_audio_feat=torch.zeros(1, 0, AUDIO_LATENT_CHANNELS, device=self.device),
             ref_video_feat=None,
             video_scheduler=video_scheduler,
             audio_scheduler=audio_scheduler,
@@ -274,7 +243,7 @@ class EmbeddedDriver:
         # from the CPU generator, so every device and layout starts from the same noise.
         latent = torch.randn(1, VIDEO_CHANNELS, config.latent_frames, preview_tier.height // stride,
                              preview_tier.width // stride, dtype=torch.float32).to(self.device)
-        audio_latent = torch.randn(1, audio_length, AUDIO_CHANNELS, dtype=torch.float32).to(self.device)
+        audio_latent = torch.randn(1, audio_length, AUDIO_LATENT_CHANNELS, dtype=torch.float32).to(self.device)
         video_scheduler, audio_scheduler = build_magi2_preview_schedulers(steps, device=self.device, shift=7.0)
         sampler_input = self._sampler_input(latent, audio_latent, context, context_null, video_scheduler,
                                             audio_scheduler, request.video_cfg, request.audio_cfg,

@@ -20,7 +20,7 @@ from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...timing import StepTimer, active, install_step_hooks
 from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback, step_timeout_s
 from .components import STAND_INS
-from .pool import Job, RankPool, prepare_compile
+from .pool import Job, RankPool
 from .tiny import TinyConfig
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,8 @@ class EmbeddedEngine(Engine):
             heads["refiner KV groups"] = self.config.refiner_num_query_groups
         for what, count in heads.items():
             if count % layout.sp:
-                divisors = ", ".join(f"sp{d}" for d in range(1, MAX_RANKS + 1) if all(c % d == 0 for c in heads.values()))
+                divisors = ", ".join(f"sp{d}" for d in range(1, MAX_RANKS + 1)
+                                     if all(c % d == 0 for c in heads.values()))
                 raise InputError("layout", f"the tiny config's {count} {what} do not divide by sp{layout.sp}",
                                  f"use {divisors}")
         if tier.refined and layout.vae_patch_parallel(tier) != layout.world_size:
@@ -164,6 +165,7 @@ class EmbeddedEngine(Engine):
         if self._pool is not None:
             return self._generate_on_pool(request, on_progress, cancel)
         from . import upstream_patches
+        from .driver import prepare_compile
 
         tier, steps, refiner_steps, compile_mode = self._resolve(request)
         started = time.perf_counter()
@@ -187,7 +189,8 @@ class EmbeddedEngine(Engine):
             timer = StepTimer(stage="preview", rank=0, on_step=on_step)
             with active(timer):
                 out = self._driver.run(request, tier, steps, refiner_steps,
-                                       on_stage=lambda name: emit(Progress(name, elapsed_s=time.perf_counter() - started)),
+                                       on_stage=lambda name: emit(Progress(name,
+                                                                           elapsed_s=time.perf_counter() - started)),
                                        output_size=output_size(request))
         return Generation(
             frames=out.frames,

@@ -60,55 +60,6 @@ class PoolResult:
     step_records: list[dict]
 
 
-def prepare_compile(transformer, mode: str) -> None:
-    """Compile the transformer's regions once per process; switching back needs a restart."""
-
-    from ...errors import InputError
-
-    current = getattr(transformer, "_magi2studio_compile", "eager")
-    if mode == current:
-        return
-    if current != "eager":
-        raise InputError("compile", f"this engine is already compiled {current}",
-                         "restart the engine (change layout or restart the studio) to switch compile mode")
-    transformer.compile_regions(fullgraph=True, dynamic=mode == "dynamic", options={"emulate_precision_casts": True})
-    transformer._magi2studio_compile = mode
-
-
-def patch_gloo_uneven_gather() -> None:
-    """Let ``parallel.gather_sequence`` gather uneven shards on gloo.
-
-    Upstream splits an odd packed length with ``balanced_split_sizes`` (one extra token on
-    early ranks) and gathers with ``dist.all_gather`` into uneven chunks, which NCCL accepts
-    and gloo refuses ("ProcessGroupGloo::allgather: invalid tensor size"). On gloo only, each
-    shard is zero-padded to the largest, gathered, and trimmed back: the same bytes, moved.
-    """
-
-    import torch
-    import torch.distributed as dist
-    from vllm_omni.diffusion.models.magi2 import parallel
-
-    if getattr(parallel.gather_sequence, "_magi2studio_gloo", False):
-        return
-    upstream_gather = parallel.gather_sequence
-
-    def gather_sequence(tensor, split_sizes, group=None):
-        group = group or parallel.get_magi2_ulysses_group()
-        if group.world_size == 1 or len(set(split_sizes)) == 1:
-            return upstream_gather(tensor, split_sizes, group)
-        if tensor.shape[0] != split_sizes[group.rank]:
-            raise ValueError(f"rank {group.rank} owns {tensor.shape[0]} tokens, expected {split_sizes[group.rank]}")
-        longest = max(split_sizes)
-        padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-        padded[: tensor.shape[0]] = tensor
-        chunks = [torch.empty_like(padded) for _ in split_sizes]
-        dist.all_gather(chunks, padded, group=group.group)
-        return torch.cat([chunk[:size] for chunk, size in zip(chunks, split_sizes)], dim=0)
-
-    gather_sequence._magi2studio_gloo = True
-    parallel.gather_sequence = gather_sequence
-
-
 def _parse_fault(rank: int) -> tuple[int, str] | None:
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
@@ -142,7 +93,7 @@ def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, chec
         from ...timing import StepTimer, active, install_step_hooks
         from . import upstream_patches
         from .components import load_components
-        from .driver import EmbeddedDriver
+        from .driver import EmbeddedDriver, prepare_compile
 
         sp, cfg = layout
         if backend == "nccl":
@@ -150,7 +101,7 @@ def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, chec
         upstream_patches.init_parallel(world_size=sp * cfg, rank=rank, port=port, ulysses_degree=sp,
                                        cfg_parallel_size=cfg, backend=backend)
         if backend == "gloo":
-            patch_gloo_uneven_gather()
+            upstream_patches.patch_gloo_uneven_gather()
         install_step_hooks()
         components = load_components(Path(checkpoint))
         flag_device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
@@ -363,7 +314,8 @@ class RankPool:
         if cancelled:
             if done:  # some ranks finished while others stopped: the collective broke
                 self.close()
-                raise EngineError(f"ranks {sorted(cancelled)} stopped but {sorted(done)} finished; the pool was stopped")
+                raise EngineError(f"ranks {sorted(cancelled)} stopped but {sorted(done)} finished; "
+                                  "the pool was stopped")
             raise Cancelled(cancelled[min(cancelled)])
         records = [record for rank in sorted(done) for record in done[rank][2]]
         _, _, _, frames, audio, stage_ms, negative = done[0]

@@ -3,7 +3,7 @@
 vLLM-Omni 0.30.0 has no CPU platform: ``UnspecifiedOmniPlatform`` reports 0 devices, and
 its distributed set-up divides by that count. The sampler needs the CFG-parallel group, so
 even one process initializes upstream's distributed environment (gloo on 127.0.0.1).
-``tests/embedded/test_upstream_patches.py`` fails loudly if these pinned internals change.
+``tests/requests_and_runs/test_upstream_patches.py`` fails loudly if these pinned internals change.
 """
 
 from __future__ import annotations
@@ -166,3 +166,35 @@ def _wrap_sample_once() -> None:
 
     sample._magi2studio_layout_invariant = True
     Magi2PreviewSampler.sample = sample
+
+
+def patch_gloo_uneven_gather() -> None:
+    """Let ``parallel.gather_sequence`` gather uneven shards on gloo.
+
+    Upstream splits an odd packed length with ``balanced_split_sizes`` (one extra token on
+    early ranks) and gathers with ``dist.all_gather`` into uneven chunks, which NCCL accepts
+    and gloo refuses ("ProcessGroupGloo::allgather: invalid tensor size"). On gloo only, each
+    shard is zero-padded to the largest, gathered, and trimmed back: the same bytes, moved.
+    """
+
+    from vllm_omni.diffusion.models.magi2 import parallel
+
+    if getattr(parallel.gather_sequence, "_magi2studio_gloo", False):
+        return
+    upstream_gather = parallel.gather_sequence
+
+    def gather_sequence(tensor, split_sizes, group=None):
+        group = group or parallel.get_magi2_ulysses_group()
+        if group.world_size == 1 or len(set(split_sizes)) == 1:
+            return upstream_gather(tensor, split_sizes, group)
+        if tensor.shape[0] != split_sizes[group.rank]:
+            raise ValueError(f"rank {group.rank} owns {tensor.shape[0]} tokens, expected {split_sizes[group.rank]}")
+        longest = max(split_sizes)
+        padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        padded[: tensor.shape[0]] = tensor
+        chunks = [torch.empty_like(padded) for _ in split_sizes]
+        dist.all_gather(chunks, padded, group=group.group)
+        return torch.cat([chunk[:size] for chunk, size in zip(chunks, split_sizes)], dim=0)
+
+    gather_sequence._magi2studio_gloo = True
+    parallel.gather_sequence = gather_sequence

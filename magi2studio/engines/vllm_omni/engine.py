@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from ... import determinism
-from ...capabilities import detect, tier_refusal
 from ...errors import InputError
 from ...layouts import Layout, rules_for_real_model
-from ...plugin import ENV_CANCEL_FILE, ENV_METRICS_DIR
+from ...metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
 from ...request import Request
 from ...tiers import TIERS, Tier, get_tier
 from ...weights import check_weights, resolve_root
 from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback, step_timeout_s
+from .capabilities import detect, tier_refusal
 from . import params
 from .process import EngineProcess
 

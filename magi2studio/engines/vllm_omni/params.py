@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...capabilities import UpstreamCapabilities, tier_refusal, topology_refusal
 from ...errors import InputError
 from ...layouts import Layout, check_shape
 from ...request import Request, output_size
 from ...tiers import Tier, get_tier
+from .capabilities import UpstreamCapabilities, tier_refusal, topology_refusal
 
 COMPILE_MODES = ("static", "dynamic", "eager")
 DEFAULT_COMPILE = "dynamic"  # upstream's defaults: enforce_eager=False, diffusion_compile_dynamic=True
@@ -71,7 +71,7 @@ def check_layout(layout: Layout, tier: Tier, caps: UpstreamCapabilities) -> None
     if layout.ep is not None and not caps.expert_parallel:
         raise InputError(
             "layout", f"{layout.name}: vLLM-Omni {caps.vllm_omni_version} rejects enable_expert_parallel "
-            "(the seed's #8511 adds it)",
+            "(the MUSA report's #8511 adds it)",
             f"drop -ep{layout.ep}: {caps.vllm_omni_version} shards the MoE heads over the Ulysses group "
             f"(sp{layout.sp} -> {layout.sp} shards)")
     if layout.ep is not None and layout.ep != layout.sp:
@@ -122,7 +122,7 @@ def omni_kwargs(options: StartOptions, checkpoint_root: str) -> dict[str, Any]:
         "parallel_config": _parallel_config(layout, options.vae_patch_parallel_size),
         "enforce_eager": enforce_eager,
         "diffusion_compile_dynamic": compile_dynamic,
-        # MUSA: pinned host staging of the auxiliaries OOMs the host (seed: --no-pin-cpu-memory).
+        # MUSA: pinned host staging of the auxiliaries OOMs the host (MUSA report: --no-pin-cpu-memory).
         "pin_cpu_memory": options.platform != "musa",
         "enable_layerwise_offload": layout.offload,
         "custom_pipeline_args": {"magi2_deterministic": options.deterministic},

@@ -1,25 +1,10 @@
 """``engine: vllm-omni-server``: drive an already running ``vllm-omni serve MODEL --omni``.
 
-The contract is vLLM-Omni 0.30.0's own ``/v1/videos`` family (``entrypoints/openai/api_server.py``,
-form parser ``video/generation/helpers.py:_parse_video_form``, models ``protocol/videos.py``):
-
-- ``POST /v1/videos``: multipart form; returns a ``VideoResponse`` (``id``, ``status`` queued).
-  The MAGI-2 extras (``resolution``, ``seconds``, ``deterministic``) go in ``extra_params``, a
-  JSON object string merged into ``OmniDiffusionSamplingParams.extra_args``; I2VA's first frame
-  is the ``input_reference`` file part.
-- ``GET /v1/videos/{id}``: the job; ``status`` is ``queued`` / ``in_progress`` / ``completed`` /
-  ``failed``. A failed job comes back with an HTTP error status and the job (with ``error``) as body.
-  A completed job carries ``stage_durations`` (seconds) and ``inference_time_s``.
-- ``DELETE /v1/videos/{id}``: aborts an in-flight job on the engine, or deletes a finished one.
-- ``GET /v1/videos/{id}/content``: the mp4 (H.264 + AAC).
-- ``POST /v1/videos/sync``: same form, blocks, returns the mp4 with headers ``X-Request-Id``,
-  ``X-Model``, ``X-Inference-Time-S``, ``X-Stage-Durations`` (JSON, seconds), ``X-Peak-Memory-MB``.
-
-The server's layout, compile mode and deterministic flag are fixed at its launch and it does not
-report them over HTTP (``/v1/models`` lists model ids, ``/health`` a status), so they are declared
-(``server_layout``) or assumed from the first start, and every change is refused with the command
-line that would start a matching server. Per-step timings exist only when the worker plugin's
-metrics folder (``MAGI2STUDIO_METRICS_DIR`` on the server) is shared with this process.
+The HTTP contract is vLLM-Omni 0.30.0's own ``/v1/videos`` family; docs/engines.md ("Server
+mode", "The contract") lists every call and what is sent and read. The server's layout, compile
+mode and deterministic flag are fixed at its launch and it does not report them, so they are
+declared (``server_layout``) or assumed from the first start, and every change is refused with
+the command line that would start a matching server.
 """
 
 from __future__ import annotations
@@ -34,16 +19,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import numpy as np
 
-from ...capabilities import detect, tier_refusal
 from ...errors import Cancelled, EngineError, InputError
+from ...media import decode_mp4
 from ...layouts import Layout, parse_layout, rules_for_real_model
-from ...plugin import PROGRESS_FILE
+from ...metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, step_offsets
 from ...request import Request
 from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...weights import resolve_root
 from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback
+from .capabilities import detect, tier_refusal
 from . import params
 
 ENV_SERVER_URL = "MAGI2STUDIO_SERVER_URL"
@@ -122,36 +107,6 @@ def parse_stage_durations(text: str | None) -> dict[str, float]:
     return {str(name): float(seconds) * 1e3 for name, seconds in data.items()}
 
 
-def decode_mp4(data: bytes) -> tuple[np.ndarray, np.ndarray, float, int]:
-    """mp4 bytes -> frames uint8 [F,H,W,3], audio float32 [samples, channels], fps, sample rate."""
-
-    import av
-
-    try:
-        with av.open(io.BytesIO(data)) as container:
-            if not container.streams.video or not container.streams.audio:
-                raise EngineError(f"the server's mp4 has {len(container.streams.video)} video and "
-                                  f"{len(container.streams.audio)} audio streams; MAGI-2 returns one of each")
-            video_stream = container.streams.video[0]
-            fps = float(video_stream.average_rate or video_stream.guessed_rate)
-            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
-        with av.open(io.BytesIO(data)) as container:
-            audio_stream = container.streams.audio[0]
-            sample_rate = int(audio_stream.rate)
-            chunks = []
-            for frame in container.decode(audio=0):
-                array = frame.to_ndarray()
-                if not frame.format.is_planar:  # interleaved: [1, samples * channels]
-                    array = array.reshape(-1, len(frame.layout.channels)).T
-                chunks.append(array.astype(np.float32, copy=False))
-    except av.error.FFmpegError as err:
-        raise EngineError(f"the server's mp4 could not be decoded ({err})") from None
-    if not frames or not chunks:
-        raise EngineError("the server's mp4 has no decodable frames or audio")
-    audio = np.ascontiguousarray(np.concatenate(chunks, axis=1).T)
-    return np.ascontiguousarray(np.stack(frames)), audio, fps, sample_rate
-
-
 class VllmOmniServerEngine(Engine):
     """The common interface over HTTP; nothing runs in this process but decoding."""
 
@@ -217,7 +172,8 @@ class VllmOmniServerEngine(Engine):
     def _command_hint(self, layout: Layout | None = None) -> str:
         layout = layout or self._layout or self.server_layout or Layout(4, 2)
         return serve_command(layout, get_tier("272p"), model=self.model_path, port=self.port,
-                             compile_mode=self.server_compile, metrics_dir=str(self.metrics_dir) if self.metrics_dir else None)
+                             compile_mode=self.server_compile,
+                             metrics_dir=str(self.metrics_dir) if self.metrics_dir else None)
 
     @staticmethod
     def _detail(response) -> str:
@@ -252,7 +208,8 @@ class VllmOmniServerEngine(Engine):
         health = self._http("GET", "/health", what="the health check", timeout=timeout_s)
         if health.status_code != 200:
             raise EngineError(f"vLLM-Omni server {self.server_url} is unhealthy (GET /health: HTTP "
-                              f"{health.status_code}: {self._detail(health)}). Fix: see the server's log and restart it")
+                              f"{health.status_code}: {self._detail(health)}). "
+                              "Fix: see the server's log and restart it")
         models = self._http("GET", "/v1/models", what="the model list", timeout=timeout_s)
         if models.status_code != 200:
             self._refuse(models, "the model list")
@@ -326,11 +283,9 @@ class VllmOmniServerEngine(Engine):
         if int(fields["num_inference_steps"]) > MAX_SERVER_STEPS:
             raise InputError("steps", f"vLLM-Omni's /v1/videos accepts at most {MAX_SERVER_STEPS} steps",
                              f"use {MAX_SERVER_STEPS} steps or fewer, or the vllm-omni engine")
-        offsets = _step_offsets(self.metrics_dir) if self.metrics_dir else {}
+        offsets = step_offsets(self.metrics_dir) if self.metrics_dir else {}
         follower = None
         if self.metrics_dir is not None and on_progress is not None:
-            from .worker import ProgressFollower
-
             follower = ProgressFollower(self.metrics_dir / PROGRESS_FILE, lambda event: on_progress(Progress(
                 event["progress"]["stage"], step=event["progress"]["step"], total=event["progress"]["total"])))
             follower.start()
@@ -350,7 +305,7 @@ class VllmOmniServerEngine(Engine):
         stage_ms["download_decode"] = (time.perf_counter() - decode_began) * 1e3
         if sample_rate != AUDIO_SAMPLE_RATE:
             raise EngineError(f"the server's audio is {sample_rate} Hz; MAGI-2 returns {AUDIO_SAMPLE_RATE} Hz")
-        step_records = _records_since(self.metrics_dir, offsets) if self.metrics_dir else []
+        step_records = records_since(self.metrics_dir, offsets) if self.metrics_dir else []
         return Generation(
             frames=frames, audio=audio, fps=fps, sample_rate=sample_rate, step_records=step_records, stage_ms=stage_ms,
             resolved={"steps": int(fields["num_inference_steps"]), "compile": self.server_compile,
@@ -385,7 +340,8 @@ class VllmOmniServerEngine(Engine):
         inference = response.headers.get("X-Inference-Time-S")
         job = {"id": response.headers.get("X-Request-Id"), "model": response.headers.get("X-Model"),
                "inference_time_s": float(inference) if inference else None,
-               "peak_memory_mb": float(response.headers["X-Peak-Memory-MB"]) if response.headers.get("X-Peak-Memory-MB") else None}
+               "peak_memory_mb": (float(response.headers["X-Peak-Memory-MB"])
+                                  if response.headers.get("X-Peak-Memory-MB") else None)}
         if job["inference_time_s"] is not None:
             stage_ms["server_inference"] = job["inference_time_s"] * 1e3
         return response.content, job, stage_ms
@@ -410,7 +366,8 @@ class VllmOmniServerEngine(Engine):
             if status == FAILED:
                 error = job.get("error") or {}
                 raise EngineError(f"vLLM-Omni server job {job_id} failed (code {error.get('code')}): "
-                                  f"{' '.join(str(error.get('message', 'no message')).split())}. Fix: see the server's log")
+                                  f"{' '.join(str(error.get('message', 'no message')).split())}. "
+                                  "Fix: see the server's log")
             if status not in (QUEUED, IN_PROGRESS):
                 raise EngineError(f"vLLM-Omni server job {job_id} has an unknown status {status!r}")
             if self._wait(cancel):
@@ -458,15 +415,3 @@ class VllmOmniServerEngine(Engine):
             self._client.close()
             self._client = None
         # _layout stays: the server keeps the layout it was launched with after we let go.
-
-
-def _step_offsets(metrics_dir: Path) -> dict[Path, int]:
-    from .worker import step_offsets
-
-    return step_offsets(metrics_dir)
-
-
-def _records_since(metrics_dir: Path, offsets: dict[Path, int]) -> list[dict[str, Any]]:
-    from .worker import records_since
-
-    return records_since(metrics_dir, offsets)

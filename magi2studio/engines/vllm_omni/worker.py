@@ -10,58 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from ...capabilities import detect
 from ...errors import Cancelled, EngineError
-from ...plugin import PROGRESS_FILE, kernels_file
+from ...metrics_folder import PROGRESS_FILE, ProgressFollower, kernels_file, records_since, step_offsets
 from ...request import build_request
+from .capabilities import detect
 from .output import map_output
 from .params import StartOptions, check_request, omni_kwargs, prompt, sampling_params
 from .process import serve
-
-
-def step_offsets(metrics_dir: Path) -> dict[Path, int]:
-    return {path: path.stat().st_size for path in metrics_dir.glob("steps-rank*.jsonl")}
-
-
-def records_since(metrics_dir: Path, offsets: dict[Path, int]) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    for path in sorted(metrics_dir.glob("steps-rank*.jsonl")):
-        with open(path, "rb") as file:
-            file.seek(offsets.get(path, 0))
-            records += [json.loads(line) for line in file.read().decode("utf-8").splitlines() if line.strip()]
-    return sorted(records, key=lambda r: (r["stage"], r["step"], r["rank"]))
-
-
-class ProgressFollower(threading.Thread):
-    """Forwards rank 0's per-step lines (written by the plugin) while a request runs."""
-
-    def __init__(self, path: Path, emit) -> None:
-        super().__init__(daemon=True)
-        self.path, self.emit = path, emit
-        self.offset = path.stat().st_size if path.exists() else 0
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(0.25):
-            self.forward()
-        self.forward()
-
-    def forward(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as file:
-            file.seek(self.offset)
-            chunk = file.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.decode("utf-8").splitlines():
-            self.emit({"progress": json.loads(line)})
 
 
 def run_omni(conn, config: dict[str, Any]) -> None:

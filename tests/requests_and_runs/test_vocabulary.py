@@ -1,7 +1,6 @@
 """Validation rules, table-driven: each bad input names its field, and nothing touches disk."""
 
 import io
-import os
 from pathlib import Path
 
 import pytest

@@ -1,4 +1,4 @@
-"""The seed's per-step metric on multi-rank data, and manifest hashing."""
+"""The MUSA report's per-step metric on multi-rank data, and manifest hashing."""
 
 import numpy as np
 import pytest

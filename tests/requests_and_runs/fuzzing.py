@@ -3,7 +3,7 @@
 Each ``attempt_*`` feeds one drawn input through a real entry point and returns its outcome:
 ``accepted`` (it would run), ``refused`` (one ``<field>: <problem>. Fix: <fix>`` line),
 ``traceback`` (any other exception, or an ``internal error`` line) or ``leftover`` (a file
-appeared where none may). tests/spine/test_fuzz_inputs.py asserts the last two never happen;
+appeared where none may). tests/requests_and_runs/test_fuzz_inputs.py asserts the last two never happen;
 scripts/fuzz_counts.py counts all four.
 """
 
@@ -29,7 +29,8 @@ ERROR_LINE = re.compile(r"^error: [^\n]+: [^\n]+\. Fix: [^\n]+$")
 
 junk = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=40), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    st.text(max_size=40), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
 )
 paths = st.one_of(
     st.sampled_from(["p.txt", "img.png", "../p.txt", "../../etc/passwd", "/etc/passwd", "sub/../p.txt", "link.txt",

@@ -1,0 +1,68 @@
+"""The metrics folder: how real-engine workers hand step records and progress to magi2studio.
+
+One protocol, both sides. The worker plugin (:mod:`magi2studio.plugin`) writes: each rank appends
+its step records to ``steps-rank<N>.jsonl``, rank 0 appends one ``progress.jsonl`` line per
+finished step, and ``kernels.json`` records the installed kernels. The engine child
+(:mod:`.engines.vllm_omni.worker`) and the server engine (:mod:`.engines.vllm_omni.server`) read
+it back by byte offset, so each request gets only its own records.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+ENV_METRICS_DIR = "MAGI2STUDIO_METRICS_DIR"
+ENV_CANCEL_FILE = "MAGI2STUDIO_CANCEL_FILE"
+PROGRESS_FILE = "progress.jsonl"
+
+
+def steps_file(metrics_dir: str | Path, rank: int) -> Path:
+    return Path(metrics_dir) / f"steps-rank{rank}.jsonl"
+
+
+def kernels_file(metrics_dir: str | Path) -> Path:
+    """Same env and platform on every rank, so one file (the last rank to start writes it)."""
+
+    return Path(metrics_dir) / "kernels.json"
+
+
+def step_offsets(metrics_dir: Path) -> dict[Path, int]:
+    return {path: path.stat().st_size for path in metrics_dir.glob("steps-rank*.jsonl")}
+
+
+def records_since(metrics_dir: Path, offsets: dict[Path, int]) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for path in sorted(metrics_dir.glob("steps-rank*.jsonl")):
+        with open(path, "rb") as file:
+            file.seek(offsets.get(path, 0))
+            records += [json.loads(line) for line in file.read().decode("utf-8").splitlines() if line.strip()]
+    return sorted(records, key=lambda r: (r["stage"], r["step"], r["rank"]))
+
+
+class ProgressFollower(threading.Thread):
+    """Forwards rank 0's per-step lines (written by the plugin) while a request runs."""
+
+    def __init__(self, path: Path, emit) -> None:
+        super().__init__(daemon=True)
+        self.path, self.emit = path, emit
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.25):
+            self.forward()
+        self.forward()
+
+    def forward(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as file:
+            file.seek(self.offset)
+            chunk = file.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode("utf-8").splitlines():
+            self.emit({"progress": json.loads(line)})
