@@ -6,66 +6,17 @@ report, never a crash, so doctor is the first thing to run on a new host.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 from typing import Any
 
 from . import determinism, provenance
 from .engines import ENGINE_NAMES
 from .errors import InputError
 from .layouts import PRESETS
+from .platform import current_platform
 from .tiers import TIERS, get_tier
-
-
-
-def detect_platform() -> dict[str, Any]:
-    """MUSA (torchada / torch_musa), CUDA or CPU, with each device's name and memory."""
-
-    # In the musa image a .pth line imports torchada at interpreter start (image/install.sh).
-    info: dict[str, Any] = {"torchada": None, "torchada_first": "torchada" in sys.modules, "torch_musa": None}
-    if importlib.util.find_spec("torchada") is not None:
-        try:
-            importlib.import_module("torchada")
-            info["torchada"] = "imported"
-        except Exception as err:  # noqa: BLE001 - a broken torchada is a finding, not a crash
-            info["torchada"] = f"import failed: {err.__class__.__name__}: {err}"
-    try:
-        import torch
-    except Exception as err:  # noqa: BLE001
-        return {**info, "platform": "unknown", "devices": [], "problem": f"torch does not import: {err}"}
-    if importlib.util.find_spec("torch_musa") is not None:
-        try:
-            importlib.import_module("torch_musa")
-            info["torch_musa"] = "imported"
-        except Exception as err:  # noqa: BLE001
-            info["torch_musa"] = f"import failed: {err.__class__.__name__}: {err}"
-    musa = getattr(torch, "musa", None)
-    if getattr(torch.version, "musa", None) and musa is not None and musa.is_available():
-        devices = [_device(musa, i) for i in range(musa.device_count())]
-        return {**info, "platform": "musa", "musa_version": str(torch.version.musa), "devices": devices}
-    if torch.cuda.is_available():
-        devices = [_device(torch.cuda, i) for i in range(torch.cuda.device_count())]
-        return {**info, "platform": "cuda", "cuda_version": torch.version.cuda, "devices": devices}
-    return {**info, "platform": "cpu", "devices": [{"name": "cpu", "cores": os.cpu_count(),
-                                                     "memory_gib": _host_memory_gib()}]}
-
-
-def _device(backend: Any, index: int) -> dict[str, Any]:
-    props = backend.get_device_properties(index)
-    return {"index": index, "name": props.name, "memory_gib": round(props.total_memory / 2**30, 1)}
-
-
-def _host_memory_gib() -> float | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            kib = int(next(line for line in handle if line.startswith("MemTotal")).split()[1])
-        return round(kib / 2**20, 1)
-    except (OSError, StopIteration, ValueError):
-        return None
 
 
 def mux_tools() -> dict[str, Any]:
@@ -138,7 +89,7 @@ def weights_section(root: str | None, tier: str) -> dict[str, Any] | None:
 
 def collect(root: str | None = None, tier: str = "272p") -> dict[str, Any]:
     get_tier(tier)
-    platform = detect_platform()
+    platform = current_platform.report
     return {
         "platform": platform,
         "versions": provenance.package_versions(),

@@ -30,6 +30,7 @@ from typing import Any
 
 from .errors import Cancelled
 from .metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR, PROGRESS_FILE, kernels_file, steps_file
+from .platform import current_platform
 from .timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
 
 ENV_STAGE = "MAGI2STUDIO_STAGE"
@@ -74,8 +75,8 @@ class WorkerStepTimer(StepTimer):
 def install_kernel_overrides(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """Install the project's kernels as ``MAGI2_KERNELS`` asks (``magi2_kernels.overrides``).
 
-    Gated inside ``install_overrides`` on magi2_kernels' platform object, never on a tensor's
-    device; a patched name missing upstream raises ``UpstreamMismatch`` before anything is patched.
+    Gated inside ``install_overrides`` on the kernels' platform (``current_platform.kernels``), never
+    on a tensor's device; a patched name missing upstream raises ``UpstreamMismatch`` before anything is patched.
     """
 
     selection = environ.get(ENV_KERNELS, "off").strip()
@@ -83,7 +84,7 @@ def install_kernel_overrides(environ: Mapping[str, str] = os.environ) -> dict[st
         return {"selection": "off", "installed": {}}
     from magi2_kernels.overrides import install_overrides
 
-    return {"selection": selection, "installed": install_overrides(selection)}
+    return {"selection": selection, "installed": install_overrides(selection, current_platform.kernels)}
 
 
 def register() -> dict[str, Any]:

@@ -129,8 +129,9 @@ def _tensor_descriptors_present() -> bool:
     return importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
 
 
-def detect_platform() -> Platform:
-    """Detect the platform of this process (uncached; see :func:`current_platform`)."""
+@functools.cache
+def current_platform() -> Platform:
+    """The process's platform, detected once."""
 
     interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
     triton_installed = importlib.util.find_spec("triton") is not None
@@ -154,9 +155,3 @@ def detect_platform() -> Platform:
         )
     return Platform("cpu", interpreter and triton_installed, interpreter, True, INTERPRETER_W13, INTERPRETER_W2, "ieee")
 
-
-@functools.cache
-def current_platform() -> Platform:
-    """The process's platform, detected once."""
-
-    return detect_platform()

@@ -29,18 +29,11 @@ from typing import Any
 
 from ...errors import Cancelled, EngineError
 from ...layouts import Layout
+from ...platform import current_platform
 
 # Test hook: "RANK:STEP[:exit|hang|raise]" makes that rank fail when it starts that step.
 FAULT_ENV = "MAGI2STUDIO_EMBEDDED_FAULT"
 STARTUP_TIMEOUT_S = 300.0
-
-
-def backend_for_platform() -> str:
-    """NCCL where CUDA is available, gloo on the CPU."""
-
-    import torch
-
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 @dataclass(frozen=True)
@@ -182,7 +175,7 @@ class RankPool:
 
         self.layout = layout
         self.rank_timeout_s = rank_timeout_s
-        self.backend = backend_for_platform()
+        self.backend = current_platform.dist_backend
         context = mp.get_context("spawn")
         self._events = context.Queue()
         self._cancel = context.Event()

@@ -18,6 +18,7 @@ from ... import determinism
 from ...errors import InputError
 from ...layouts import Layout, rules_for_real_model
 from ...metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
+from ...platform import current_platform
 from ...request import Request
 from ...tiers import TIERS, Tier, get_tier
 from ...weights import check_weights, resolve_root
@@ -27,16 +28,6 @@ from . import params
 from .process import EngineProcess
 
 WORKER_TARGET = "magi2studio.engines.vllm_omni.worker:run_omni"
-
-
-def platform_name() -> str:
-    from vllm_omni.platforms import current_omni_platform
-
-    if current_omni_platform.is_musa():
-        return "musa"
-    if current_omni_platform.is_cuda():
-        return "cuda"
-    return current_omni_platform._omni_enum.value.lower()
 
 
 def device_names() -> list[str]:
@@ -82,7 +73,7 @@ class VllmOmniEngine(Engine):
             notes.append(f"negative prompt from env {caps.negative_prompt_env}, not per request")
         no_gpu = "no CUDA/MUSA GPU is visible here (vLLM-Omni's MAGI-2 pipeline requires GPUs)"
         return Capabilities(
-            engine=self.name, platform=platform_name(), devices=devices,
+            engine=self.name, platform=current_platform.name, devices=devices,
             tiers={name: tier_refusal(caps, tier) or (None if devices else no_gpu) for name, tier in TIERS.items()},
             max_world_size=len(devices), default_steps=caps.default_steps, default_refiner_steps=0,
             default_compile=params.DEFAULT_COMPILE, compile_modes=params.COMPILE_MODES, notes=notes,
@@ -154,7 +145,7 @@ class VllmOmniEngine(Engine):
             raise InputError("layout", "no layout was selected for the vllm-omni engine",
                              "call start(layout) first (magi2studio.runs.execute does)")
         self.check_layout(layout, tier)
-        options = params.start_options(request, layout, tier, platform_name())
+        options = params.start_options(request, layout, tier, current_platform.name)
         if on_progress is not None:
             on_progress(Progress("load", message=f"vLLM-Omni for {layout.name}"))
         self._ensure(options, tier.name)
