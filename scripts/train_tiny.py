@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder-steps", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=None)
+    parser.add_argument("--save-every", type=int, default=0,
+                        help="dit: also write dit.pt (and its log) every N steps, as dit.pt's 'step' says")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.phase in ("pack", "all") and args.out is None:
@@ -88,9 +90,11 @@ def main(argv: list[str] | None = None) -> int:
                 if step % settings.log_every == 0:
                     print(f"dit step {step}/{settings.dit_steps} loss {loss:.4f} "
                           f"{time.perf_counter() - started:.0f} s", flush=True)
+                if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < settings.dit_steps:
+                    _save_dit(args.work, components.transformer, log, step + 1)
 
             trainer.train_dit(components, examples, settings, log, generator, on_step=report)
-            _save(args.work / "dit.pt", {k: v.detach().clone() for k, v in components.transformer.state_dict().items()})
+            _save_dit(args.work, components.transformer, log, settings.dit_steps)
         else:
             missing = [name for name in ("decoders.pt", "dit.pt") if not (args.work / name).is_file()]
             if missing:
@@ -111,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         _write_text(args.work / f"log-{phase}.json", log.to_json())
         print(f"{phase}: {log.seconds[phase]} s", flush=True)
     return 0
+
+
+def _save_dit(work: Path, transformer, log, steps_done: int) -> None:
+    """dit.pt with the steps it has had; the log so far beside it."""
+
+    state = {k: v.detach().clone() for k, v in transformer.state_dict().items()}
+    log.seconds["dit_steps_done"] = steps_done
+    _save(work / "dit.pt", state)
+    _write_text(work / "log-dit.json", log.to_json())
 
 
 def _save(path: Path, state) -> None:
