@@ -24,7 +24,7 @@ import math
 import numpy as np
 import torch
 
-from ..scenes import BEEP_AMPLITUDE, PITCHES, Scene
+from ..scenes import BEEP_AMPLITUDE, Scene
 
 SUB_CELLS = 4  # per latent cell, per axis: 3 colours x 4 x 4 = the 48 latent channels
 AUDIO_SUBSTEPS = 32  # envelope samples per audio latent frame, per pitch half
@@ -135,8 +135,3 @@ def audio_target(scene: Scene, output_rate: float) -> torch.Tensor:
     mono = np.pad(mono, (0, max(0, samples - len(mono))))[:samples]
     return torch.from_numpy(np.stack([mono, mono]).astype(np.float32))
 
-
-def pitch_nyquist_ok(output_rate: float) -> bool:
-    """Whether a decoder at this rate can sound the high beep at all."""
-
-    return output_rate / 2 > 1.25 * max(PITCHES.values())
