@@ -76,6 +76,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_options(args: argparse.Namespace) -> dict:
     """Keyword arguments for get_engine: only the server engine takes any from the command line."""
 
+    if args.engine == "embedded":
+        return {"weights": args.weights} if getattr(args, "weights", None) else {}
     if args.engine != "vllm-omni-server":
         return {}
     return {"server_url": args.server_url, "server_layout": args.server_layout,
@@ -88,6 +90,9 @@ def register(sub) -> None:
     add_request_arguments(parser)
     parser.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
     parser.add_argument("--engine", default="embedded", help="embedded, vllm-omni or vllm-omni-server")
+    parser.add_argument("--weights", default=None,
+                        help="embedded engine: random, trained or a tiny checkpoint folder "
+                             "(default: $MAGI2_EMBEDDED_WEIGHTS, else the engine's default)")
     add_server_arguments(parser)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="outputs root (default ./outputs)")
     parser.set_defaults(func=run)

@@ -105,11 +105,17 @@ def _write_refiner(config: TinyConfig, folder: Path, generator: torch.Generator)
 def _write_dit(config: TinyConfig, model: torch.nn.Module, folder: Path, generator: torch.Generator) -> None:
     """Seeded weights of a DiT as an index + 2 safetensors shards (the released layout)."""
 
+    state = {name: _init_tensor(name, torch.empty(t.shape, dtype=t.dtype), generator)
+             for name, t in model.state_dict().items()}
+    write_dit_state(config, state, folder)
+
+
+def write_dit_state(config: TinyConfig, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """A DiT state dict as an index + 2 safetensors shards (the released layout)."""
+
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True)
-    state = {name: _init_tensor(name, torch.empty(t.shape, dtype=t.dtype), generator)
-             for name, t in model.state_dict().items()}
     names = sorted(state)
     half = len(names) // 2
     shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}

@@ -1,7 +1,8 @@
 """The embedded engine: upstream's MAGI-2 Preview code at a tiny size, on the CPU.
 
 It never passes for the real model: its name, every manifest and every capability say
-"embedded", and its weights are generated (seeded random).
+"embedded", and which tiny weights ran (seeded random, or a checkpoint folder such as one
+``scripts/train_tiny.py`` wrote: see :mod:`.tiny_weights`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback,
 from .components import STAND_INS
 from .pool import Job, RankPool
 from .tiny import TinyConfig
+from .tiny_weights import RANDOM, checkpoint_folder, requested_weights, tree_sha256
 
 log = logging.getLogger(__name__)
 ENGINE_NAME = "embedded"
@@ -33,7 +35,14 @@ class EmbeddedEngine(Engine):
     name = ENGINE_NAME
 
     def __init__(self, checkpoint_root: str | Path | None = None, config: TinyConfig | None = None, *,
-                 rank_timeout_s: float | None = None) -> None:
+                 rank_timeout_s: float | None = None, weights: str | None = None) -> None:
+        self.weights = requested_weights(weights)
+        self._weights_folder = checkpoint_folder(self.weights)
+        if self._weights_folder is not None:
+            from .components import read_tiny_config
+
+            config = read_tiny_config(self._weights_folder)
+        self._weights_sha256: str | None = None
         self.config = config or TinyConfig()
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else None
         self.rank_timeout_s = rank_timeout_s if rank_timeout_s is not None else step_timeout_s()
@@ -58,7 +67,7 @@ class EmbeddedEngine(Engine):
             compile_modes=("eager", "dynamic", "static"),
             notes=[
                 "embedded: vLLM-Omni 0.30.0's MAGI-2 transformer, data proxy and sampler at a tiny "
-                "config with generated (seeded random) weights; outputs are not the real model's",
+                f"config with {self.weights_note}; outputs are not the real model's",
                 "static/dynamic compile costs about 100 s of Inductor codegen on the first run",
                 f"layouts up to {MAX_RANKS} ranks run as a pool of processes on upstream's parallel groups "
                 "(gloo on CPU, NCCL with CUDA)",
@@ -116,9 +125,7 @@ class EmbeddedEngine(Engine):
             if layout.world_size == 1:
                 self._start_in_process()
             else:
-                from .checkpoint import ensure_checkpoint
-
-                root = ensure_checkpoint(self.config, self.checkpoint_root)
+                root = self._checkpoint()
                 self._pool = RankPool(layout, root, rank_timeout_s=self.rank_timeout_s)
             self._layout = layout
             return True
@@ -126,7 +133,6 @@ class EmbeddedEngine(Engine):
     def _start_in_process(self) -> None:
         global _parallel_initialized
         from . import upstream_patches
-        from .checkpoint import ensure_checkpoint
         from .components import load_components
         from .driver import EmbeddedDriver
 
@@ -135,9 +141,31 @@ class EmbeddedEngine(Engine):
                                            ulysses_degree=1, cfg_parallel_size=1)
             _parallel_initialized = True
         install_step_hooks()
-        root = ensure_checkpoint(self.config, self.checkpoint_root)
+        root = self._checkpoint()
         self._components = load_components(root)
         self._driver = EmbeddedDriver(self._components)
+
+    def _checkpoint(self) -> Path:
+        if self._weights_folder is not None:
+            return self._weights_folder
+        from .checkpoint import ensure_checkpoint
+
+        return ensure_checkpoint(self.config, self.checkpoint_root)
+
+    @property
+    def weights_note(self) -> str:
+        if self.weights == RANDOM:
+            return "generated (seeded random) weights"
+        return f"the tiny checkpoint folder {self._weights_folder}"
+
+    def _weights_info(self) -> dict:
+        """What the manifest records about the weights: a folder's tree sha256 (computed once)."""
+
+        if self._weights_folder is None:
+            return {"weights": RANDOM}
+        if self._weights_sha256 is None:
+            self._weights_sha256 = tree_sha256(self._weights_folder)
+        return {"weights": str(self._weights_folder), "weights_sha256": self._weights_sha256}
 
     def _stop(self) -> None:
         global _parallel_initialized
@@ -264,6 +292,7 @@ class EmbeddedEngine(Engine):
                        "with magi2studio block-window attention, under upstream's sampler and data proxy",
             "stand_ins": STAND_INS,
             "tiny_config": self.config.digest,
+            **self._weights_info(),
             "checkpoint": checkpoint,
             "loaded_weights": loaded,
         }

@@ -1,0 +1,137 @@
+"""Fixed scene <-> latent codes for the tiny model: what its decoders decode and its DiT learns.
+
+The real model's latents come from a trained VAE encoder; the tiny one has none (upstream's
+Wan2.2 VAE cannot be built small, see ``components.STAND_INS``). So the latent of a scene is
+a fixed, deterministic code of the scene, and the tiny decoders are fitted to invert it:
+
+* **video**: each latent frame is the scene frame at that latent's time, area-averaged to
+  ``4 x 4`` sub-cells per latent cell, RGB in [-1, 1], stacked as the 48 channels
+  (``pixel_unshuffle`` order: channel = colour * 16 + row * 4 + column). The TinyImageEncoder
+  stand-in computes exactly this code for I2VA (its weights are set, not trained), so the
+  reference image lands in the same space as the first latent frame.
+* **audio**: each 64-channel audio latent frame holds the beep envelope over 32 sub-steps, in
+  channels 0-31 for a low beep and 32-63 for a high one, scaled to [-1, 1] (-1 is silence).
+
+Latent frame ``k`` is decoded frame ``2k`` (TurboVAE doubles time: ``T`` latents give
+``2T - 1`` frames); decoded frames stand for scene frames evenly spaced from the first to the
+last (the driver then shows frame ``j`` over the ``j``-th equal share of the clip).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..scenes import BEEP_AMPLITUDE, Scene
+
+SUB_CELLS = 4  # per latent cell, per axis: 3 colours x 4 x 4 = the 48 latent channels
+AUDIO_SUBSTEPS = 32  # envelope samples per audio latent frame, per pitch half
+AUDIO_CHANNELS = 64
+VIDEO_CHANNELS = 48
+VIDEO_DECODER_STRIDE = 8  # TurboVAE at the tiny config: 8x spatially
+IMAGE_ENCODER_GAIN = 1e-2  # the encoder's tanh sees values this small, so it is linear to ~1e-5
+
+
+def decoded_frames(latent_frames: int) -> int:
+    return 2 * latent_frames - 1
+
+
+def decoded_frame_times(scene_frames: int, latent_frames: int) -> np.ndarray:
+    """The scene frame each decoded frame stands for: evenly from the first to the last, so
+    latent frame 0 is the clip's first frame (the I2VA reference image's place)."""
+
+    count = decoded_frames(latent_frames)
+    return np.round(np.arange(count) * (scene_frames - 1) / (count - 1)).astype(np.int64)
+
+
+def latent_frame_times(scene_frames: int, latent_frames: int) -> np.ndarray:
+    return decoded_frame_times(scene_frames, latent_frames)[::2]
+
+
+def _area_pool(frames: np.ndarray, factor: int) -> torch.Tensor:
+    """uint8 [F, H, W, 3] -> float [3, F, H/f, W/f] in [-1, 1], block means."""
+
+    pixels = torch.from_numpy(np.ascontiguousarray(frames)).float().div_(127.5).sub_(1.0)
+    pixels = pixels.permute(3, 0, 1, 2)  # [3, F, H, W]
+    return torch.nn.functional.avg_pool3d(pixels.unsqueeze(0), (1, factor, factor)).squeeze(0)
+
+
+def encode_frames(frames: np.ndarray, spatial_stride: int) -> torch.Tensor:
+    """uint8 [T, H, W, 3] -> the video latent code [48, T, H/stride, W/stride]."""
+
+    pooled = _area_pool(frames, spatial_stride // SUB_CELLS)  # [3, T, 4h, 4w]
+    per_frame = pooled.permute(1, 0, 2, 3)  # [T, 3, 4h, 4w]
+    return torch.nn.functional.pixel_unshuffle(per_frame, SUB_CELLS).permute(1, 0, 2, 3).contiguous()
+
+
+def decoder_target(frames: np.ndarray) -> torch.Tensor:
+    """uint8 [F, H, W, 3] -> what the video decoder should output: [3, F, H/8, W/8] in [-1, 1]."""
+
+    return _area_pool(frames, VIDEO_DECODER_STRIDE)
+
+
+def scene_frames(scene: Scene, indices: np.ndarray) -> np.ndarray:
+    """Only the frames at ``indices`` (rendering a whole clip is the slow part)."""
+
+    wanted = set(int(i) for i in indices)
+    picked = {i: frame for i, frame in enumerate(scene.iter_frames()) if i in wanted}
+    return np.stack([picked[int(i)] for i in indices])
+
+
+def image_encoder_state(spatial_stride: int) -> dict[str, torch.Tensor]:
+    """TinyImageEncoder weights that compute :func:`encode_frames` of one image.
+
+    ``patch`` averages each sub-cell (scaled by a small gain so the ``tanh`` is linear) and
+    ``mix`` undoes the gain; the channel order is ``pixel_unshuffle``'s."""
+
+    pool = spatial_stride // SUB_CELLS
+    weight = torch.zeros(VIDEO_CHANNELS, 3, spatial_stride, spatial_stride)
+    for colour in range(3):
+        for row in range(SUB_CELLS):
+            for col in range(SUB_CELLS):
+                channel = colour * SUB_CELLS * SUB_CELLS + row * SUB_CELLS + col
+                weight[channel, colour, row * pool:(row + 1) * pool, col * pool:(col + 1) * pool] = (
+                    IMAGE_ENCODER_GAIN / (pool * pool))
+    return {"patch.weight": weight, "patch.bias": torch.zeros(VIDEO_CHANNELS),
+            "mix.weight": torch.eye(VIDEO_CHANNELS).view(VIDEO_CHANNELS, VIDEO_CHANNELS, 1, 1) / IMAGE_ENCODER_GAIN,
+            "mix.bias": torch.zeros(VIDEO_CHANNELS)}
+
+
+def beep_envelope(scene: Scene, latent_fps: float) -> np.ndarray:
+    """Beep loudness over the clip, [latents * 32] in [0, 1] (RMS per sub-step / the beep's)."""
+
+    rate = scene.sample_rate
+    latents = int(round(scene.tier.seconds * latent_fps))
+    mono = scene.audio()[:, 0].astype(np.float64)
+    edges = np.round(np.arange(latents * AUDIO_SUBSTEPS + 1) * rate / (latent_fps * AUDIO_SUBSTEPS)).astype(np.int64)
+    energy = np.concatenate([[0.0], np.cumsum(mono * mono)])
+    edges = np.clip(edges, 0, len(mono))
+    width = np.maximum(np.diff(edges), 1)
+    rms = np.sqrt(np.maximum(energy[edges[1:]] - energy[edges[:-1]], 0.0) / width)
+    return np.clip(rms * math.sqrt(2.0) / BEEP_AMPLITUDE, 0.0, 1.0)
+
+
+def encode_audio(scene: Scene, latent_fps: float) -> torch.Tensor:
+    """The audio latent code [latents, 64]: the envelope in the half of the scene's pitch."""
+
+    envelope = beep_envelope(scene, latent_fps).reshape(-1, AUDIO_SUBSTEPS)
+    code = -np.ones((len(envelope), AUDIO_CHANNELS), dtype=np.float32)
+    half = 0 if scene.facts.pitch == "low" else AUDIO_SUBSTEPS
+    code[:, half:half + AUDIO_SUBSTEPS] = 2.0 * envelope - 1.0
+    return torch.from_numpy(code)
+
+
+def audio_target(scene: Scene, output_rate: float) -> torch.Tensor:
+    """What the audio decoder should output: the scene's audio at its rate, [2, samples]."""
+
+    from scipy.signal import resample_poly
+
+    rate = scene.sample_rate
+    ratio = math.gcd(int(round(output_rate)), rate)
+    mono = resample_poly(scene.audio()[:, 0].astype(np.float64), int(round(output_rate)) // ratio, rate // ratio)
+    samples = int(round(scene.tier.seconds * output_rate))
+    mono = np.pad(mono, (0, max(0, samples - len(mono))))[:samples]
+    return torch.from_numpy(np.stack([mono, mono]).astype(np.float32))
+

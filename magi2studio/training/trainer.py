@@ -1,0 +1,399 @@
+"""Train the tiny MAGI-2 on captioned scenes, through upstream's own classes.
+
+Three fits, in order, all from one seed:
+
+1. the **video decoder** (upstream ``Magi2TurboVAEDecoder``) and the **audio decoder**
+   (upstream ``Magi2AudioDecoder``, an Oobleck stack) learn to invert the fixed latent codes
+   of :mod:`.latents` (scene frames / beeps in, pixels / PCM out);
+2. the **DiT** (upstream ``Magi2PreviewTransformer``) learns flow matching on those codes,
+   with the inputs built the way the sampler builds them at every step
+   (``Magi2PreviewSampler.prepare_model_input`` then ``Magi2DataProxy.process_input``): the
+   packed batch's first half is conditioned on the caption (I2VA: and the reference image),
+   its second half on the encoded negative prompt with a zeroed reference, exactly the
+   unconditional branch that the sampler's CFG subtracts. The target is the sampler's
+   convention: ``x_t = (1 - s) x0 + s noise``, ``t = 1000 s``, velocity ``noise - x0``
+   (FlowUniPC's ``flow_prediction``: ``x0 = x_t - s v``), with ``s`` drawn uniformly and
+   shifted by 7 as the inference schedule is.
+
+Not trained: the text encoder (upstream ``Magi2Qwen35TextEncoder`` over a seeded random
+Qwen3.5) is kept frozen: its features already tell the captions apart (different tokens,
+different vectors) and the DiT learns to read them; and the refiner DiT (1080p) is left at
+its random weights. The image-encoder stand-in is set to compute the video code exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..engines.embedded.tiny import TinyConfig
+from ..scenes import Scene, sample_scenes
+from ..tiers import get_tier
+from . import latents as codes
+
+SHIFT = 7.0  # the preview schedule's shift (build_magi2_preview_schedulers)
+
+
+def trained_config(seed: int = 0) -> TinyConfig:
+    """The tiny config the trained weights use: today's at half the DiT width and with prompts
+    cut at 80 tokens (a caption with the I2VA figure line is at most 67), so that a CPU can
+    train it, with an audio decoder fast enough to sound a 1760 Hz beep (5 strides of 4:
+    5 latents/s x 1024 = 5120 samples/s)."""
+
+    return replace(TinyConfig(seed=seed), hidden_size=128, text_max_length=80, audio_strides=(4, 4, 4, 4, 4),
+                   extra={"weights": "trained", "codes": "magi2studio.training.latents"})
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    seed: int = 0
+    tier: str = "272p"
+    scenes: int = 256  # distinct training clips (held-out combinations never drawn)
+    decoder_steps: int = 500
+    audio_decoder_steps: int = 500
+    dit_steps: int = 900
+    batch: int = 8
+    lr: float = 1e-3
+    i2va_share: float = 0.25  # of DiT batches, conditioned on the first frame
+    log_every: int = 25
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Example:
+    caption: str
+    video: torch.Tensor  # [48, T, h, w] latent code
+    audio: torch.Tensor  # [L, 64] latent code
+    first_frame: np.ndarray  # uint8 [H, W, 3] (the I2VA reference)
+    decoded: torch.Tensor  # [3, 2T-1, H/8, W/8] decoder target
+    pcm: torch.Tensor  # [2, samples] audio decoder target
+
+
+@dataclass
+class TrainLog:
+    settings: dict
+    config_digest: str
+    phases: dict[str, list[dict]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, step: int, **values: float) -> None:
+        self.phases.setdefault(phase, []).append({"step": step, **{k: round(float(v), 6) for k, v in values.items()}})
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+
+def make_examples(config: TinyConfig, settings: TrainSettings,
+                  scenes: Iterator[Scene] | None = None) -> list[Example]:
+    tier = get_tier(settings.tier)
+    stream = scenes or sample_scenes(settings.seed, tier, "train")
+    decoded_at = codes.decoded_frame_times(tier.frames, config.latent_frames)
+    rate = config.audio_latent_fps * math.prod(config.audio_strides)
+    examples = []
+    for _ in range(settings.scenes):
+        scene = next(stream)
+        frames = codes.scene_frames(scene, decoded_at)
+        examples.append(Example(
+            caption=scene.caption,
+            video=codes.encode_frames(frames[::2], config.spatial_stride),
+            audio=codes.encode_audio(scene, config.audio_latent_fps),
+            first_frame=frames[0],
+            decoded=codes.decoder_target(frames),
+            pcm=codes.audio_target(scene, rate),
+        ))
+    return examples
+
+
+# -- decoders ---------------------------------------------------------------------------------
+def turbo_forward(decoder, latent: torch.Tensor) -> torch.Tensor:
+    """``Magi2TurboVAEDecoder.decode`` with gradients: one first chunk (T == first_chunk_size)."""
+
+    if latent.shape[2] != decoder.first_chunk_size:
+        raise ValueError("training decodes one first chunk: latent frames must equal first_chunk_size")
+    z = latent * decoder.latent_std.view(1, -1, 1, 1, 1) + decoder.latent_mean.view(1, -1, 1, 1, 1)
+    return decoder.decoder(z, is_first_chunk=True)
+
+
+def fit_video_decoder(decoder, examples: list[Example], settings: TrainSettings, log: TrainLog,
+                      generator: torch.Generator) -> None:
+    module = decoder.decoder
+    module.train().requires_grad_(True)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=2e-3, weight_decay=0.0)
+    schedule = _cosine(optimizer, settings.decoder_steps)
+    for step in range(settings.decoder_steps):
+        pick = torch.randint(len(examples), (settings.batch,), generator=generator).tolist()
+        latent = torch.stack([examples[i].video for i in pick])
+        target = torch.stack([examples[i].decoded for i in pick])
+        loss = _object_weighted_mse(turbo_forward(decoder, latent), target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if step % settings.log_every == 0 or step == settings.decoder_steps - 1:
+            log.add("video_decoder", step, mse=loss.item())
+    module.eval().requires_grad_(False)
+
+
+def _object_weighted_mse(output: torch.Tensor, target: torch.Tensor, weight: float = 20.0) -> torch.Tensor:
+    """MSE with the object's pixels (those off the frame's median, the background) weighted
+    up: the object is ~4% of a frame, and a plain MSE fit learns the background first."""
+
+    background = target.flatten(2).median(dim=2).values[..., None, None, None]
+    off = ((target - background).abs().amax(dim=1, keepdim=True) > 0.1).float()
+    return ((output - target) ** 2 * (1.0 + weight * off)).mean()
+
+
+def _stft_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Multi-resolution log-magnitude STFT distance plus a little waveform L1 (phase-free pitch)."""
+
+    total = 0.1 * (output - target).abs().mean()
+    flat_out, flat_target = output.reshape(-1, output.shape[-1]), target.reshape(-1, target.shape[-1])
+    for n_fft in (64, 256, 1024):
+        window = torch.hann_window(n_fft)
+        spec_out = torch.stft(flat_out, n_fft, n_fft // 4, window=window, return_complex=True).abs()
+        spec_target = torch.stft(flat_target, n_fft, n_fft // 4, window=window, return_complex=True).abs()
+        total = total + (spec_out - spec_target).abs().mean() + (
+            torch.log(spec_out + 1e-4) - torch.log(spec_target + 1e-4)).abs().mean() * 0.1
+    return total
+
+
+def fit_audio_decoder(decoder, examples: list[Example], config: TinyConfig, settings: TrainSettings,
+                      log: TrainLog, generator: torch.Generator, crop_latents: int = 4) -> None:
+    module = decoder.decoder
+    module.train().requires_grad_(True)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=2e-3, weight_decay=0.0)
+    schedule = _cosine(optimizer, settings.audio_decoder_steps)
+    hop = math.prod(config.audio_strides)
+    for step in range(settings.audio_decoder_steps):
+        pick = torch.randint(len(examples), (settings.batch,), generator=generator).tolist()
+        starts = torch.tensor([_audio_crop(examples[i], crop_latents, generator) for i in pick])
+        latent = torch.stack([examples[i].audio[s:s + crop_latents] for i, s in zip(pick, starts.tolist())])
+        target = torch.stack([examples[i].pcm[:, s * hop:(s + crop_latents) * hop]
+                              for i, s in zip(pick, starts.tolist())])
+        output = module(latent.transpose(1, 2))
+        loss = _stft_loss(output, target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % settings.log_every == 0 or step == settings.audio_decoder_steps - 1:
+            log.add("audio_decoder", step, stft=loss.item())
+    module.eval().requires_grad_(False)
+
+
+def _audio_crop(example: Example, crop_latents: int, generator: torch.Generator) -> int:
+    """A crop start; three crops in four hold a beep (beeps are sparse: silent crops teach silence)."""
+
+    latents = example.audio.shape[0]
+    loud = (example.audio.amax(dim=1) > -0.5).nonzero().flatten()
+    if len(loud) and float(torch.rand((), generator=generator)) < 0.75:
+        centre = int(loud[int(torch.randint(len(loud), (), generator=generator))])
+        return max(0, min(latents - crop_latents, centre - int(torch.randint(crop_latents, (), generator=generator))))
+    return int(torch.randint(latents - crop_latents + 1, (), generator=generator))
+
+
+# -- the DiT ----------------------------------------------------------------------------------
+@dataclass
+class Conditioning:
+    """Encoded prompts, cached per caption (the text encoder is frozen)."""
+
+    text_encoder: object
+    negative: torch.Tensor
+    cache: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def text(self, caption: str) -> torch.Tensor:
+        if caption not in self.cache:
+            self.cache[caption] = self.text_encoder.encode(caption).float()
+        return self.cache[caption]
+
+
+def flow_pair(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's convention: the noised input at ``sigma`` and the velocity to predict."""
+
+    return (1.0 - sigma) * x0 + sigma * noise, noise - x0
+
+
+def shifted_sigma(u: float, shift: float = SHIFT) -> float:
+    return shift * u / (1.0 + (shift - 1.0) * u)
+
+
+def _cat_inputs(inputs: list) -> object:
+    """One packed batch from per-sample ``ModelInput``s (each already [cond, uncond])."""
+
+    from vllm_omni.diffusion.models.magi2.preview_data_proxy import ModelInput
+
+    merged = {}
+    for name in ModelInput.__dataclass_fields__:
+        values = [getattr(item, name) for item in inputs]
+        if values[0] is None:
+            merged[name] = None
+        elif isinstance(values[0], torch.Tensor):
+            merged[name] = torch.cat(values, dim=0)
+        else:
+            merged[name] = [v for value in values for v in value]
+    return ModelInput(**merged)
+
+
+def dit_batch(sampler, conditioning: Conditioning, image_encoder, text_encoder, examples: list[Example],
+              pick: list[int], i2va: bool, generator: torch.Generator, uncond_share: float = 0.15):
+    """The model input of one training batch and its velocity targets.
+
+    Each sample's input is what the sampler builds for one step (``prepare_model_input``:
+    [conditional, unconditional]); upstream's own CFG-parallel split then keeps one branch,
+    the unconditional one for ``uncond_share`` of the samples (CFG's null branch)."""
+
+    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import Magi2Pipeline
+
+    inputs, video_targets, audio_targets = [], [], []
+    for index in pick:
+        example = examples[index]
+        sigma = shifted_sigma(float(torch.rand((), generator=generator)))
+        video_noise = torch.randn(example.video.shape, generator=generator)
+        audio_noise = torch.randn(example.audio.shape, generator=generator)
+        video_t, video_v = flow_pair(example.video, video_noise, sigma)
+        audio_t, audio_v = flow_pair(example.audio, audio_noise, sigma)
+        caption = example.caption
+        reference = {}
+        if i2va:
+            caption = Magi2Pipeline._ensure_figure_token(caption)
+            pixels = torch.from_numpy(example.first_frame.astype(np.float32) / 127.5 - 1.0)
+            latent = image_encoder.encode_video(pixels.permute(2, 0, 1)[None, :, None])
+            text = conditioning.text(caption)
+            reference = {"ref_image_feat": latent.unsqueeze(1),
+                         "ref_image_feat_len": torch.tensor([[[latent.shape[-2], latent.shape[-1]]]]),
+                         "ref_image_special_token_embedding":
+                             text_encoder.pool_figure_tokens(caption, ["<Figure 1>"], text).unsqueeze(0)}
+        both = sampler.prepare_model_input(
+            latent=video_t.unsqueeze(0), audio_latent=audio_t.unsqueeze(0),
+            txt_feat=conditioning.text(caption), null_txt_feat=conditioning.negative,
+            t=torch.tensor(sigma * 1000.0), **reference)
+        branch = int(torch.rand((), generator=generator) < uncond_share)
+        inputs.append(sampler._split_cfg_model_input(both)[branch])
+        video_targets.append(video_v)
+        audio_targets.append(audio_v)
+    return _cat_inputs(inputs), torch.stack(video_targets), torch.stack(audio_targets)
+
+
+def dit_loss(transformer, data_proxy, model_input, video_target: torch.Tensor,
+             audio_target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream's packing, forward and unpacking, with gradients; MSE per modality."""
+
+    packed = data_proxy.process_input(model_input)
+    output = transformer(*packed.model_args)
+    video, audio = data_proxy.process_output(output, packed.output_layout)
+    return (torch.nn.functional.mse_loss(video, video_target),
+            torch.nn.functional.mse_loss(audio, audio_target))
+
+
+def train_dit(components, examples: list[Example], settings: TrainSettings, log: TrainLog,
+              generator: torch.Generator, on_step: Callable[[int, float], None] | None = None) -> None:
+    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import DEFAULT_NEGATIVE_PROMPT
+    from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
+    from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
+
+    transformer = components.transformer
+    proxy = Magi2DataProxy()
+    sampler = Magi2PreviewSampler(transformer, proxy, device="cpu")
+    conditioning = Conditioning(components.text_encoder, components.text_encoder.encode(DEFAULT_NEGATIVE_PROMPT).float())
+    transformer.train()
+    params = [p for p in transformer.parameters() if p.dtype.is_floating_point]
+    for p in params:
+        p.requires_grad_(True)
+    for name, p in transformer.named_parameters():
+        if "router.expert_bias" in name:
+            p.requires_grad_(False)
+    trainable = [p for p in params if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.99))
+    schedule = _cosine(optimizer, settings.dit_steps, warmup=min(100, settings.dit_steps // 10))
+    started = time.perf_counter()
+    for step in range(settings.dit_steps):
+        pick = torch.randint(len(examples), (settings.batch,), generator=generator).tolist()
+        i2va = bool(torch.rand((), generator=generator) < settings.i2va_share)
+        with torch.no_grad():
+            model_input, video_v, audio_v = dit_batch(sampler, conditioning, components.image_encoder,
+                                                      components.text_encoder, examples, pick, i2va, generator)
+        video_loss, audio_loss = dit_loss(transformer, proxy, model_input, video_v, audio_v)
+        loss = video_loss + audio_loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad = torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % settings.log_every == 0 or step == settings.dit_steps - 1:
+            log.add("dit", step, video=video_loss.item(), audio=audio_loss.item(), grad_norm=float(grad),
+                    seconds=time.perf_counter() - started)
+        if on_step is not None:
+            on_step(step, loss.item())
+    transformer.eval().requires_grad_(False)
+
+
+def _cosine(optimizer, steps: int, warmup: int = 0):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# -- the checkpoint ---------------------------------------------------------------------------
+def turbo_state(decoder) -> dict[str, torch.Tensor]:
+    """The TurboVAE checkpoint's ``ema_state_dict`` (the keys upstream's loader reads)."""
+
+    return {f"module.decoder.{k}": v.detach().clone().contiguous() for k, v in decoder.decoder.state_dict().items()}
+
+
+def oobleck_state(decoder) -> dict[str, torch.Tensor]:
+    """The Oobleck decoder in the released Stable Audio key names (the inverse of upstream's)."""
+
+    from ..engines.embedded.checkpoint import stable_audio_key
+
+    state = {}
+    for key, value in decoder.decoder.state_dict().items():
+        value = value.detach().clone().contiguous()
+        state[stable_audio_key(key)] = value.reshape(-1) if key.endswith((".alpha", ".beta")) else value
+    return state
+
+
+def write_trained_checkpoint(base: Path, dest: Path, config: TinyConfig, *, dit: dict[str, torch.Tensor],
+                             turbo: dict[str, torch.Tensor], oobleck: dict[str, torch.Tensor]) -> Path:
+    """The base (seeded) tree with the trained parts in place, written to a temp folder then
+    renamed to ``dest``: the refiner and the text encoder stay the base's."""
+
+    from safetensors.torch import save_file
+
+    from ..engines.embedded.checkpoint import write_dit_state
+    from ..engines.embedded.tiny import TINY_CONFIG_FILE
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        tree = temp / "tree"
+        shutil.copytree(base, tree)
+        shutil.rmtree(tree / "preview")
+        write_dit_state(config, dit, tree / "preview")
+        torch.save({"ema_state_dict": turbo}, tree / "turbo_vae" / "checkpoint.ckpt")
+        save_file(oobleck, str(tree / "stable-audio-open-1.0" / "model.safetensors"), metadata={"format": "pt"})
+        torch.save(codes.image_encoder_state(config.spatial_stride), tree / "vae" / "Wan2.2_VAE.pth")
+        (tree / TINY_CONFIG_FILE).write_text(config.to_json(), encoding="utf-8")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.rename(tree, dest)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    return dest
+

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Train the embedded engine's tiny MAGI-2 on captioned scenes, on the CPU, from one seed.
+
+    .venv/bin/python scripts/train_tiny.py --work /tmp/train --phase decoders
+    .venv/bin/python scripts/train_tiny.py --work /tmp/train --phase dit
+    .venv/bin/python scripts/train_tiny.py --work /tmp/train --phase pack --out /tmp/tiny-trained
+
+``--phase all`` runs the three in order. The decoder and DiT phases are independent (the DiT
+learns the fixed latent codes, not the decoders' outputs), so they can run one after the
+other or side by side; each writes its state and its JSON loss log under ``--work``. ``pack``
+writes the checkpoint in the released folder layout (temp folder, then rename), with the
+merged loss log as ``training_log.json``, and prints the tree's sha256.
+See magi2studio/training/trainer.py for what is trained and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", required=True, type=Path, help="folder for phase states and logs")
+    parser.add_argument("--phase", choices=("decoders", "dit", "pack", "all"), default="all")
+    parser.add_argument("--out", type=Path, help="checkpoint folder that pack writes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scenes", type=int, default=None)
+    parser.add_argument("--dit-steps", type=int, default=None)
+    parser.add_argument("--decoder-steps", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--log-every", type=int, default=None)
+    parser.add_argument("--save-every", type=int, default=0,
+                        help="dit: also write dit.pt (and its log) every N steps, as dit.pt's 'step' says")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.phase in ("pack", "all") and args.out is None:
+        parser.error("--out: pack writes the checkpoint there; name a folder, e.g. --out /tmp/tiny-trained")
+
+    import torch
+
+    from magi2studio.engines.embedded import upstream_patches
+    from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
+    from magi2studio.engines.embedded.components import load_components
+    from magi2studio.engines.embedded.tiny_weights import tree_sha256
+    from magi2studio.training import latents as codes
+    from magi2studio.training import trainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = {k: v for k, v in (("scenes", args.scenes), ("dit_steps", args.dit_steps), ("batch", args.batch),
+                                   ("decoder_steps", args.decoder_steps), ("audio_decoder_steps", args.decoder_steps),
+                                   ("log_every", args.log_every))
+                 if v is not None}
+    settings = trainer.TrainSettings(seed=args.seed, **overrides)
+    config = trainer.trained_config(args.seed)
+    args.work.mkdir(parents=True, exist_ok=True)
+    base = ensure_checkpoint(config, args.work / "base")
+    torch.manual_seed(args.seed)
+    phases = ("decoders", "dit", "pack") if args.phase == "all" else (args.phase,)
+
+    if "decoders" in phases or "dit" in phases:
+        upstream_patches.init_parallel(world_size=1, rank=0, port=upstream_patches.free_port(),
+                                       ulysses_degree=1, cfg_parallel_size=1)
+        components = load_components(base)
+        components.image_encoder.load_state_dict(codes.image_encoder_state(config.spatial_stride))
+        started = time.perf_counter()
+        examples = trainer.make_examples(config, settings)
+        print(f"{len(examples)} training scenes in {time.perf_counter() - started:.0f} s", flush=True)
+
+    for phase in phases:
+        log = trainer.TrainLog(settings.as_dict(), config.digest)
+        started = time.perf_counter()
+        if phase == "decoders":
+            generator = torch.Generator().manual_seed(args.seed + 1)
+            trainer.fit_video_decoder(components.video_decoder, examples, settings, log, generator)
+            trainer.fit_audio_decoder(components.audio_decoder, examples, config, settings, log, generator)
+            _save(args.work / "decoders.pt", {"turbo": trainer.turbo_state(components.video_decoder),
+                                             "oobleck": trainer.oobleck_state(components.audio_decoder)})
+        elif phase == "dit":
+            generator = torch.Generator().manual_seed(args.seed + 2)
+
+            def report(step: int, loss: float) -> None:
+                if step % settings.log_every == 0:
+                    print(f"dit step {step}/{settings.dit_steps} loss {loss:.4f} "
+                          f"{time.perf_counter() - started:.0f} s", flush=True)
+                if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < settings.dit_steps:
+                    _save_dit(args.work, components.transformer, log, step + 1)
+
+            trainer.train_dit(components, examples, settings, log, generator, on_step=report)
+            _save_dit(args.work, components.transformer, log, settings.dit_steps)
+        else:
+            missing = [name for name in ("decoders.pt", "dit.pt") if not (args.work / name).is_file()]
+            if missing:
+                print(f"--work: {args.work} has no {', '.join(missing)}; run --phase decoders and --phase dit first",
+                      file=sys.stderr)
+                return 2
+            decoders = torch.load(args.work / "decoders.pt", weights_only=True)
+            dit = torch.load(args.work / "dit.pt", weights_only=True)
+            out = trainer.write_trained_checkpoint(base, args.out, config, dit=dit, turbo=decoders["turbo"],
+                                                   oobleck=decoders["oobleck"])
+            logs = {name: json.loads((args.work / f"log-{name}.json").read_text())
+                    for name in ("decoders", "dit") if (args.work / f"log-{name}.json").is_file()}
+            (out / "training_log.json").write_text(json.dumps(logs, indent=1), encoding="utf-8")
+            size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+            print(json.dumps({"checkpoint": str(out), "bytes": size, "sha256": tree_sha256(out)}))
+            continue
+        log.seconds[phase] = round(time.perf_counter() - started, 1)
+        _write_text(args.work / f"log-{phase}.json", log.to_json())
+        print(f"{phase}: {log.seconds[phase]} s", flush=True)
+    return 0
+
+
+def _save_dit(work: Path, transformer, log, steps_done: int) -> None:
+    """dit.pt with the steps it has had; the log so far beside it."""
+
+    state = {k: v.detach().clone() for k, v in transformer.state_dict().items()}
+    log.seconds["dit_steps_done"] = steps_done
+    _save(work / "dit.pt", state)
+    _write_text(work / "log-dit.json", log.to_json())
+
+
+def _save(path: Path, state) -> None:
+    import torch
+
+    temp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, temp)
+    temp.replace(path)
+
+
+def _write_text(path: Path, text: str) -> None:
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(text, encoding="utf-8")
+    temp.replace(path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""Training runs through upstream's classes and its checkpoint loads back into them (slow)."""
+
+import pytest
+import torch
+
+from magi2studio.errors import InputError
+from magi2studio.training import latents as codes
+from magi2studio.training import trainer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from magi2studio.engines.embedded import upstream_patches
+    from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
+    from magi2studio.engines.embedded.components import load_components
+
+    config = trainer.trained_config()
+    base = ensure_checkpoint(config, tmp_path_factory.mktemp("base"))
+    upstream_patches.init_parallel(world_size=1, rank=0, port=upstream_patches.free_port(), ulysses_degree=1,
+                                   cfg_parallel_size=1)
+    try:
+        components = load_components(base)
+        components.image_encoder.load_state_dict(codes.image_encoder_state(config.spatial_stride))
+        settings = trainer.TrainSettings(scenes=3, decoder_steps=3, audio_decoder_steps=3, dit_steps=1, batch=2)
+        yield config, base, components, trainer.make_examples(config, settings), settings
+    finally:
+        upstream_patches.destroy_parallel()
+
+
+def test_the_training_decode_is_upstreams_decode(setup):
+    _, _, components, examples, _ = setup
+    latent = torch.stack([examples[0].video])
+    with torch.no_grad():
+        ours = trainer.turbo_forward(components.video_decoder, latent)
+    torch.testing.assert_close(ours, components.video_decoder.decode(latent))
+    assert ours.shape[1:] == examples[0].decoded.shape
+
+
+@pytest.mark.parametrize("i2va", [False, True])
+def test_dit_steps_on_one_batch_lower_its_loss(setup, i2va):
+    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import DEFAULT_NEGATIVE_PROMPT
+    from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
+    from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
+
+    _, _, components, examples, _ = setup
+    model = components.transformer
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    proxy = Magi2DataProxy()
+    sampler = Magi2PreviewSampler(model, proxy, device="cpu")
+    text = components.text_encoder
+    conditioning = trainer.Conditioning(text, text.encode(DEFAULT_NEGATIVE_PROMPT).float())
+    with torch.no_grad():
+        batch = trainer.dit_batch(sampler, conditioning, components.image_encoder, text, examples, [0, 1], i2va,
+                                  torch.Generator().manual_seed(3), uncond_share=0.5)
+    model_input = batch[0]
+    assert (model_input.ref_image_feat is not None) == i2va
+    assert model_input.x_t.shape[0] == 2  # one branch per sample, as the CFG-parallel split gives it
+    trainable = [p for n, p in model.named_parameters() if "router.expert_bias" not in n]
+    optimizer = torch.optim.Adam(trainable, lr=1e-3)
+    model.train()
+    for p in trainable:
+        p.requires_grad_(True)
+    losses = []
+    try:
+        for _ in range(4):
+            video, audio = trainer.dit_loss(model, proxy, *batch)
+            optimizer.zero_grad()
+            (video + audio).backward()
+            optimizer.step()
+            losses.append(float((video + audio).detach()))
+    finally:
+        model.eval().requires_grad_(False)
+        model.load_state_dict(state)
+    assert losses[-1] < losses[0], losses
+
+
+def test_the_trained_checkpoint_loads_back_into_upstreams_classes(setup, tmp_path):
+    from magi2studio.engines.embedded import EmbeddedEngine
+    from magi2studio.engines.embedded.components import load_components
+    from magi2studio.engines.embedded.tiny_weights import tree_sha256
+
+    config, base, components, examples, settings = setup
+    log = trainer.TrainLog(settings.as_dict(), config.digest)
+    generator = torch.Generator().manual_seed(0)
+    trainer.fit_video_decoder(components.video_decoder, examples, settings, log, generator)
+    trainer.fit_audio_decoder(components.audio_decoder, examples, config, settings, log, generator)
+    dit = {k: v + 0.01 for k, v in components.transformer.state_dict().items()}  # differs from the base
+    out = trainer.write_trained_checkpoint(base, tmp_path / "trained", config, dit=dit,
+                                           turbo=trainer.turbo_state(components.video_decoder),
+                                           oobleck=trainer.oobleck_state(components.audio_decoder))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "the temp folder is gone"
+    loaded = load_components(out)
+    for name, tensor in loaded.transformer.state_dict().items():
+        if "router.expert_bias" not in name:  # upstream's loader copies the EMA bias over it
+            torch.testing.assert_close(tensor, dit[name])
+    torch.testing.assert_close(loaded.video_decoder.decoder.state_dict(), components.video_decoder.decoder.state_dict())
+    torch.testing.assert_close(loaded.audio_decoder.decoder.state_dict(), components.audio_decoder.decoder.state_dict())
+    assert len(log.phases["video_decoder"]) and len(log.phases["audio_decoder"])
+    engine = EmbeddedEngine(weights=str(out))
+    assert engine.config == config
+    info = engine.info()
+    assert info["weights"] == str(out) and info["weights_sha256"] == tree_sha256(out)
+
+
+def test_a_weights_folder_that_is_not_a_checkpoint_is_refused(tmp_path):
+    from magi2studio.engines.embedded import EmbeddedEngine
+
+    with pytest.raises(InputError) as err:
+        EmbeddedEngine(weights=str(tmp_path))
+    assert err.value.field == "weights"
