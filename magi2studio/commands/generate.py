@@ -91,7 +91,7 @@ def register(sub) -> None:
     parser.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
     parser.add_argument("--engine", default="embedded", help="embedded, vllm-omni or vllm-omni-server")
     parser.add_argument("--weights", default=None,
-                        help="embedded engine: random, trained or a tiny checkpoint folder "
+                        help="embedded engine: random (seeded weights) or a tiny checkpoint folder "
                              "(default: $MAGI2_EMBEDDED_WEIGHTS, else the engine's default)")
     add_server_arguments(parser)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="outputs root (default ./outputs)")
