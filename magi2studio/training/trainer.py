@@ -307,7 +307,8 @@ def train_dit(components, examples: list[Example], settings: TrainSettings, log:
     transformer = components.transformer
     proxy = Magi2DataProxy()
     sampler = Magi2PreviewSampler(transformer, proxy, device="cpu")
-    conditioning = Conditioning(components.text_encoder, components.text_encoder.encode(DEFAULT_NEGATIVE_PROMPT).float())
+    negative = components.text_encoder.encode(DEFAULT_NEGATIVE_PROMPT).float()
+    conditioning = Conditioning(components.text_encoder, negative)
     transformer.train()
     params = [p for p in transformer.parameters() if p.dtype.is_floating_point]
     for p in params:
