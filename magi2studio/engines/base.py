@@ -123,9 +123,13 @@ class Engine(ABC):
     def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict[str, Any]:
         """The request's engine defaults filled in for ``layout``; raise InputError for what cannot run."""
 
+    def check_request(self, request: Request) -> Tier:
+        """The request's tier; raise InputError for what this engine cannot honour in any layout."""
+        return get_tier(request.tier)
+
     def plan(self, request: Request, layout: Layout) -> Plan:
         """The request's tier, layout and engine defaults resolved, once; raises InputError."""
-        tier = get_tier(request.tier)
+        tier = self.check_request(request)
         warnings = tuple(self.check_layout(layout, tier))
         return Plan(request, tier, layout, MappingProxyType(self.resolve(request, tier, layout)), warnings)
 

@@ -145,9 +145,8 @@ class VllmOmniEngine(Engine):
         self._fresh_load = True
         return True
 
-    def plan(self, request: Request, layout: Layout) -> Plan:
-        params.check_request(request, detect())  # what the pipeline cannot honour, before the layout
-        return super().plan(request, layout)
+    def check_request(self, request: Request) -> Tier:
+        return params.check_request(request, detect())
 
     def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict[str, Any]:
         caps = detect()

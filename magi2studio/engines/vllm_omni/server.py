@@ -267,9 +267,8 @@ class VllmOmniServerEngine(Engine):
         self._layout = layout
         return changed
 
-    def plan(self, request: Request, layout: Layout) -> Plan:
-        params.check_request(request, detect())  # what the pipeline cannot honour, before the layout
-        return super().plan(request, layout)
+    def check_request(self, request: Request) -> Tier:
+        return params.check_request(request, detect())
 
     def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict[str, Any]:
         if request.compile is not None and request.compile != self.server_compile:
