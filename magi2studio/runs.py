@@ -256,7 +256,7 @@ def execute_plan(engine: Engine, plan: Plan, outputs_root: Path, *,
     started = time.time()
     if engine.start(plan.layout) and on_progress is not None:
         on_progress(Progress("load", message=f"engine started for layout {plan.layout.name}"))
-    generation = engine.generate(plan.request, on_progress=on_progress, cancel=cancel)
+    generation = engine.generate(plan, on_progress=on_progress, cancel=cancel)
     if on_progress is not None:
         on_progress(Progress("mux", message="writing the run folder"))
     return write_run(outputs_root, plan.request, plan.layout, generation, started, extra)

@@ -49,7 +49,7 @@ def main() -> None:
                 started = time.perf_counter()
                 engine.start(layout)
                 start_s = time.perf_counter() - started
-                generation = engine.generate(request)
+                generation = engine.generate(engine.plan(request, layout))
                 hashes = media.frames_sha256(generation.frames), media.pcm_sha256(generation.audio)
                 reference = reference or (generation, hashes)
                 summary = gate_summary(generation.step_records)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -22,15 +23,18 @@ from ..tiers import Tier, get_tier
 
 @dataclass(frozen=True)
 class Plan:
-    """One request checked once for one engine and layout: its tier and the layout's warnings.
+    """One request checked once for one engine and layout: its tier, settings and warnings.
 
     :meth:`Engine.plan` makes it at the door (CLI, studio form, reproduce); what runs it
-    (``runs.execute_plan``, the studio's slot) does not check again.
+    (``runs.execute_plan``, the studio's slot, ``Engine.generate``) does not check or resolve
+    again. ``resolved`` holds the engine's defaults filled in (steps, compile, ...), read-only,
+    as the manifest's ``resolved`` records them.
     """
 
     request: Request
     tier: Tier
     layout: Layout
+    resolved: Mapping[str, Any]
     warnings: tuple[str, ...] = ()
 
 
@@ -74,7 +78,7 @@ class Generation:
     sample_rate: int
     step_records: list[dict[str, Any]]  # {"rank", "stage", "step", "ms"}
     stage_ms: dict[str, float]
-    resolved: dict[str, Any]  # the request's engine defaults, resolved (steps, compile, ...)
+    resolved: dict[str, Any]  # the plan's resolved settings, with what only the run knows
     engine_info: dict[str, Any]  # name, embedded or not, components, configs, kernels
 
 
@@ -115,10 +119,19 @@ class Engine(ABC):
     def check_layout(self, layout: Layout, tier: Tier) -> list[str]:
         """Raise InputError if this engine cannot run ``layout`` for ``tier``; return warnings."""
 
+    @abstractmethod
+    def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict[str, Any]:
+        """The request's engine defaults filled in for ``layout``; raise InputError for what cannot run."""
+
+    def check_request(self, request: Request) -> Tier:
+        """The request's tier; raise InputError for what this engine cannot honour in any layout."""
+        return get_tier(request.tier)
+
     def plan(self, request: Request, layout: Layout) -> Plan:
-        """The request's tier resolved and ``layout`` checked for it, once; raises InputError."""
-        tier = get_tier(request.tier)
-        return Plan(request, tier, layout, tuple(self.check_layout(layout, tier)))
+        """The request's tier, layout and engine defaults resolved, once; raises InputError."""
+        tier = self.check_request(request)
+        warnings = tuple(self.check_layout(layout, tier))
+        return Plan(request, tier, layout, MappingProxyType(self.resolve(request, tier, layout)), warnings)
 
     @abstractmethod
     def start(self, layout: Layout) -> bool:
@@ -131,12 +144,12 @@ class Engine(ABC):
     @abstractmethod
     def generate(
         self,
-        request: Request,
+        plan: Plan,
         *,
         on_progress: ProgressCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> Generation:
-        """Run one request on the started layout. Raises Cancelled at a step boundary."""
+        """Run one plan on the started layout. Raises Cancelled at a step boundary."""
 
     @abstractmethod
     def close(self) -> None: ...

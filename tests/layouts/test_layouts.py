@@ -34,7 +34,7 @@ def packed_lengths(engine, request) -> list[int]:
 
     parallel.Magi2SequenceDispatcher.dispatch = spy
     try:
-        engine.generate(request)
+        engine.generate(engine.plan(request, engine.layout))
     finally:
         parallel.Magi2SequenceDispatcher.dispatch = original
     return sorted(set(seen))
@@ -73,7 +73,7 @@ def test_layouts_are_bit_identical_to_one_process_with_an_odd_token_count(one_pr
     assert determinism.cpu_capability() == "DEFAULT"
     request, lengths = odd_request
     assert any(n % 2 for n in lengths), lengths
-    reference = hashes(one_process.generate(request))
+    reference = hashes(one_process.generate(one_process.plan(request, one_process.layout)))
     engine = EmbeddedEngine()
     seen = {}
     try:
@@ -90,7 +90,7 @@ def test_layouts_are_bit_identical_to_one_process_with_an_odd_token_count(one_pr
             assert manifest["timing"]["stages"]["preview"]["ranks"] == list(range(layout.world_size))
             assert manifest["cpu_capability"] == "DEFAULT"
             seen[name] = (manifest["hashes"]["frames_sha256"], manifest["hashes"]["pcm_sha256"])
-            assert hashes(engine.generate(request)) == seen[name], name  # the same pool again
+            assert hashes(engine.generate(engine.plan(request, layout))) == seen[name], name  # the same pool again
     finally:
         engine.close()
     assert seen == {name: reference for name in LAYOUTS}, (reference, seen, lengths)
@@ -115,7 +115,7 @@ def test_cancel_stops_every_rank_at_the_same_step_and_the_pool_stays_usable(tmp_
         assert seen == [0]
         assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".probe")]
         assert engine.start(layout) is False
-        assert engine.generate(request.model_copy(update={"steps": 2})).frames.size
+        assert engine.generate(engine.plan(request.model_copy(update={"steps": 2}), layout)).frames.size
     finally:
         engine.close()
 
@@ -131,13 +131,13 @@ def test_a_failing_rank_ends_the_run_naming_rank_and_step_and_the_next_run_works
         pids = engine._pool.pids
         started = time.monotonic()
         with pytest.raises(EngineError, match=r"rank 1 of layout sp2-cfg1 .*after finishing 1 of 3 preview steps"):
-            engine.generate(request)
+            engine.generate(engine.plan(request, engine.layout))
         assert time.monotonic() - started < 240
         for pid in pids:  # no orphan: every rank of the failed pool is gone
             assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
         monkeypatch.delenv(FAULT_ENV)
         assert engine.start(layout) is True
-        assert len(engine.generate(request.model_copy(update={"steps": 2})).step_records) == 4
+        assert len(engine.generate(engine.plan(request.model_copy(update={"steps": 2}), layout)).step_records) == 4
     finally:
         engine.close()
 

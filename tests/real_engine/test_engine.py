@@ -10,9 +10,11 @@ from safetensors.torch import save_file
 
 from magi2studio.engines.vllm_omni.capabilities import detect
 from magi2studio.engines import get_engine
+from magi2studio.engines.base import Plan
 from magi2studio.errors import InputError
 from magi2studio.layouts import parse_layout
 from magi2studio.request import build_request
+from magi2studio.tiers import get_tier
 
 
 def structurally_complete_tree(root):
@@ -51,13 +53,14 @@ def test_start_selects_the_layout_and_restarts_only_on_change(engine, tmp_path):
 
 
 def test_generate_refuses_before_any_child_starts_on_a_host_without_gpus(engine, tmp_path):
+    layout = parse_layout("sp4-cfg2")
     with pytest.raises(InputError, match=r"^layout: no layout was selected"):
-        engine.generate(build_request(prompt="x"))
-    engine.start(parse_layout("sp4-cfg2"))
+        engine.generate(Plan(build_request(prompt="x"), get_tier("272p"), layout, {}))  # a plan made elsewhere
+    engine.start(layout)
     with pytest.raises(InputError, match=r"^video_cfg: "):
-        engine.generate(build_request(prompt="x", video_cfg=6.0))
+        engine.plan(build_request(prompt="x", video_cfg=6.0), layout)
     with pytest.raises(InputError, match=r"^layout: sp4-cfg2 needs 8 GPUs; this machine has 0"):
-        engine.generate(build_request(prompt="x"))
+        engine.plan(build_request(prompt="x"), layout)
     assert not (tmp_path / "work").exists()
 
 

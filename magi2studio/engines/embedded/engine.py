@@ -17,9 +17,9 @@ from ... import determinism
 from ...errors import Cancelled, EngineError, InputError
 from ...layouts import Layout, check_shape
 from ...request import Request, output_size
-from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
+from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ...timing import StepTimer, active, install_step_hooks
-from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback, step_timeout_s
+from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .components import STAND_INS
 from .pool import Job, RankPool
 from .tiny import TinyConfig
@@ -186,16 +186,25 @@ class EmbeddedEngine(Engine):
             self._stop()
 
     # -- a run --------------------------------------------------------------------------------
-    def generate(self, request: Request, *, on_progress: ProgressCallback | None = None,
+    def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict:
+        """Steps, refiner steps (refined tiers only), output size, compile mode, deterministic."""
+
+        width, height = output_size(request)
+        refiner_steps = (request.refiner_steps or self.config.default_refiner_steps) if tier.refined else None
+        return {"steps": request.steps or self.config.default_steps, "refiner_steps": refiner_steps,
+                "output_size": f"{width}x{height}", "compile": request.compile or "eager",
+                "deterministic": request.deterministic}
+
+    def generate(self, plan: Plan, *, on_progress: ProgressCallback | None = None,
                  cancel: threading.Event | None = None) -> Generation:
         if self._layout is None:
             raise RuntimeError("start(layout) the engine before generate()")
         if self._pool is not None:
-            return self._generate_on_pool(request, on_progress, cancel)
+            return self._generate_on_pool(plan, on_progress, cancel)
         from . import upstream_patches
         from .driver import prepare_compile
 
-        tier, steps, refiner_steps, compile_mode = self._resolve(request)
+        request, tier, settings = plan.request, plan.tier, plan.resolved
         started = time.perf_counter()
 
         def emit(event: Progress) -> None:
@@ -210,13 +219,13 @@ class EmbeddedEngine(Engine):
         with self._lock:
             if cancel is not None and cancel.is_set():
                 raise Cancelled("cancelled before the run started")
-            prepare_compile(self._components.transformer, compile_mode)
+            prepare_compile(self._components.transformer, settings["compile"])
             if tier.refined:
-                prepare_compile(self._components.refiner, compile_mode)
-            upstream_patches.set_deterministic(request.deterministic)
+                prepare_compile(self._components.refiner, settings["compile"])
+            upstream_patches.set_deterministic(settings["deterministic"])
             timer = StepTimer(stage="preview", rank=0, on_step=on_step)
             with active(timer):
-                out = self._driver.run(request, tier, steps, refiner_steps,
+                out = self._driver.run(request, tier, settings["steps"], settings["refiner_steps"],
                                        on_stage=lambda name: emit(Progress(name,
                                                                            elapsed_s=time.perf_counter() - started)),
                                        output_size=output_size(request))
@@ -227,15 +236,15 @@ class EmbeddedEngine(Engine):
             sample_rate=AUDIO_SAMPLE_RATE,
             step_records=[r.as_dict() for r in timer.records],
             stage_ms=out.stage_ms,
-            resolved=_resolved(request, steps, refiner_steps, compile_mode, out.negative_prompt_source),
+            resolved=_as_run(plan, out.negative_prompt_source),
             engine_info=self.info(),
         )
 
-    def _generate_on_pool(self, request: Request, on_progress: ProgressCallback | None,
+    def _generate_on_pool(self, plan: Plan, on_progress: ProgressCallback | None,
                           cancel: threading.Event | None) -> Generation:
         """Run on every rank of the pool; rank 0's frames and audio, every rank's step times."""
 
-        tier, steps, refiner_steps, compile_mode = self._resolve(request)
+        settings = plan.resolved
         started = time.perf_counter()
 
         def on_event(event: tuple) -> None:
@@ -255,24 +264,18 @@ class EmbeddedEngine(Engine):
             if pool is None or not pool.alive:
                 raise EngineError(f"the {self._layout.name} ranks were stopped by an earlier failure; "
                                   "start the engine again")
-            result = pool.run(Job(request.model_dump_json(), steps, compile_mode, refiner_steps), on_event, cancel)
+            job = Job(plan.request.model_dump_json(), settings["steps"], settings["compile"], settings["refiner_steps"])
+            result = pool.run(job, on_event, cancel)
         return Generation(
             frames=result.frames,
             audio=result.audio,
-            fps=tier.fps,
+            fps=plan.tier.fps,
             sample_rate=AUDIO_SAMPLE_RATE,
             step_records=result.step_records,
             stage_ms=result.stage_ms,
-            resolved=_resolved(request, steps, refiner_steps, compile_mode, result.negative_prompt_source),
+            resolved=_as_run(plan, result.negative_prompt_source),
             engine_info={**self.info(), "ranks": self._layout.world_size, "backend": pool.backend},
         )
-
-    def _resolve(self, request: Request) -> tuple[Tier, int, int | None, str]:
-        """The request's tier, and its engine defaults filled in (refiner steps: refined tiers only)."""
-
-        tier = get_tier(request.tier)
-        refiner_steps = (request.refiner_steps or self.config.default_refiner_steps) if tier.refined else None
-        return tier, request.steps or self.config.default_steps, refiner_steps, request.compile or "eager"
 
     def info(self) -> dict:
         components, pool = self._components, self._pool
@@ -298,12 +301,10 @@ class EmbeddedEngine(Engine):
         }
 
 
-def _resolved(request: Request, steps: int, refiner_steps: int | None, compile_mode: str,
-              negative_prompt_source: str) -> dict:
-    """What the manifest records as resolved for a run, whichever way it ran."""
+def _as_run(plan: Plan, negative_prompt_source: str) -> dict:
+    """The plan's resolved settings with what only the run knows, in the manifest's key order."""
 
-    width, height = output_size(request)
-    return {"steps": steps, "refiner_steps": refiner_steps, "output_size": f"{width}x{height}",
-            "compile": compile_mode, "negative_prompt": negative_prompt_source,
-            "deterministic": request.deterministic,
+    settings = dict(plan.resolved)
+    deterministic = settings.pop("deterministic")
+    return {**settings, "negative_prompt": negative_prompt_source, "deterministic": deterministic,
             "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None}}

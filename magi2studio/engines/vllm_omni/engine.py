@@ -22,7 +22,7 @@ from ...platform import current_platform
 from ...request import Request
 from ...tiers import TIERS, Tier, get_tier
 from ...weights import check_weights, resolve_root
-from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback, step_timeout_s
+from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .capabilities import detect, tier_refusal
 from . import params
 from .process import EngineProcess
@@ -136,15 +136,24 @@ class VllmOmniEngine(Engine):
         self._fresh_load = True
         return True
 
-    def generate(self, request: Request, *, on_progress: ProgressCallback | None = None,
+    def check_request(self, request: Request) -> Tier:
+        return params.check_request(request, detect())
+
+    def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict[str, Any]:
+        caps = detect()
+        options = params.start_options(request, layout, tier, current_platform.name)
+        return {"steps": request.steps or caps.default_steps, "compile": options.compile,
+                "video_cfg": caps.fixed_video_guidance, "audio_cfg": caps.fixed_audio_guidance,
+                "negative_prompt_env": os.environ.get(caps.negative_prompt_env),
+                "vae_patch_parallel_size": options.vae_patch_parallel_size}
+
+    def generate(self, plan: Plan, *, on_progress: ProgressCallback | None = None,
                  cancel: threading.Event | None = None) -> Generation:
         caps = detect()
-        tier = params.check_request(request, caps)
-        layout = self._layout
+        request, tier, layout = plan.request, plan.tier, self._layout
         if layout is None:
             raise InputError("layout", "no layout was selected for the vllm-omni engine",
                              "call start(layout) first (magi2studio.runs.execute does)")
-        self.check_layout(layout, tier)
         options = params.start_options(request, layout, tier, current_platform.name)
         if on_progress is not None:
             on_progress(Progress("load", message=f"vLLM-Omni for {layout.name}"))
@@ -167,10 +176,7 @@ class VllmOmniEngine(Engine):
         return Generation(
             frames=result["frames"], audio=result["audio"], fps=result["fps"], sample_rate=result["sample_rate"],
             step_records=result["step_records"], stage_ms=stage_ms,
-            resolved={"steps": request.steps or caps.default_steps, "compile": options.compile,
-                      "video_cfg": caps.fixed_video_guidance, "audio_cfg": caps.fixed_audio_guidance,
-                      "negative_prompt_env": os.environ.get(caps.negative_prompt_env),
-                      "vae_patch_parallel_size": options.vae_patch_parallel_size},
+            resolved=dict(plan.resolved),
             engine_info={"name": self.name, "embedded": False, "vllm_omni": caps.vllm_omni_version,
                          "start_options": options.as_dict(), "kernels": self._process.info.get("kernels"),
                          "checkpoint_root": self.checkpoint_root, "metrics_dir": self._process.info["metrics_dir"]},

@@ -27,7 +27,7 @@ from ...metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, st
 from ...request import Request
 from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...weights import resolve_root
-from ..base import Capabilities, Engine, Generation, Progress, ProgressCallback
+from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback
 from .capabilities import detect, tier_refusal
 from . import params
 
@@ -267,22 +267,31 @@ class VllmOmniServerEngine(Engine):
         self._layout = layout
         return changed
 
-    def generate(self, request: Request, *, on_progress: ProgressCallback | None = None,
-                 cancel: threading.Event | None = None) -> Generation:
-        caps = detect()
-        tier = params.check_request(request, caps)
-        if self._layout is None:
-            raise InputError("layout", "no layout was selected for the vllm-omni-server engine",
-                             "call start(layout) first (magi2studio.runs.execute does)")
-        self.check_layout(self._layout, tier)
+    def check_request(self, request: Request) -> Tier:
+        return params.check_request(request, detect())
+
+    def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict[str, Any]:
         if request.compile is not None and request.compile != self.server_compile:
             raise InputError("compile", f"the server's compile mode is fixed at its launch ({self.server_compile})",
                              f"drop compile, or restart the server with `{self._command_hint()}` for another mode "
                              "and pass --server-compile")
-        fields, files = form_fields(request, tier)
-        if int(fields["num_inference_steps"]) > MAX_SERVER_STEPS:
+        caps = detect()
+        steps = params.sampling_params(request, tier, caps).num_inference_steps  # what form_fields sends
+        if steps > MAX_SERVER_STEPS:
             raise InputError("steps", f"vLLM-Omni's /v1/videos accepts at most {MAX_SERVER_STEPS} steps",
                              f"use {MAX_SERVER_STEPS} steps or fewer, or the vllm-omni engine")
+        return {"steps": int(steps), "compile": self.server_compile,
+                "video_cfg": caps.fixed_video_guidance, "audio_cfg": caps.fixed_audio_guidance,
+                "negative_prompt_env": "(the server's environment)",
+                "vae_patch_parallel_size": layout.vae_patch_parallel(tier)}
+
+    def generate(self, plan: Plan, *, on_progress: ProgressCallback | None = None,
+                 cancel: threading.Event | None = None) -> Generation:
+        caps = detect()
+        if self._layout is None:
+            raise InputError("layout", "no layout was selected for the vllm-omni-server engine",
+                             "call start(layout) first (magi2studio.runs.execute does)")
+        fields, files = form_fields(plan.request, plan.tier)
         offsets = step_offsets(self.metrics_dir) if self.metrics_dir else {}
         follower = None
         if self.metrics_dir is not None and on_progress is not None:
@@ -308,10 +317,7 @@ class VllmOmniServerEngine(Engine):
         step_records = records_since(self.metrics_dir, offsets) if self.metrics_dir else []
         return Generation(
             frames=frames, audio=audio, fps=fps, sample_rate=sample_rate, step_records=step_records, stage_ms=stage_ms,
-            resolved={"steps": int(fields["num_inference_steps"]), "compile": self.server_compile,
-                      "video_cfg": caps.fixed_video_guidance, "audio_cfg": caps.fixed_audio_guidance,
-                      "negative_prompt_env": "(the server's environment)",
-                      "vae_patch_parallel_size": self._layout.vae_patch_parallel(tier)},
+            resolved=dict(plan.resolved),
             engine_info={
                 "name": self.name, "embedded": False, "server_url": self.server_url,
                 "server_models": self._server_models, "model": job.get("model"), "job_id": job.get("id"),
