@@ -179,9 +179,13 @@ def test_the_studio_form_passes_refiner_steps_for_1080p():
                            "audio_cfg": 7.0, "layout_preset": "sp1-cfg1"}, engine.capabilities(), engine)
     request, layout = plan.request, plan.layout
     assert (request.tier, request.refiner_steps, layout.name) == ("1080p", 3, "sp1-cfg1")
-    assert engine._resolve(request)[2] == 3
-    assert engine._resolve(build_request(prompt="p", tier="1080p"))[2] == engine.config.default_refiner_steps
-    assert engine._resolve(build_request(prompt="p", tier="540p", refiner_steps=3))[2] is None
+    assert plan.resolved["refiner_steps"] == 3
+
+    def planned_refiner_steps(request):
+        return engine.plan(request, layout).resolved["refiner_steps"]
+
+    assert planned_refiner_steps(build_request(prompt="p", tier="1080p")) == engine.config.default_refiner_steps
+    assert planned_refiner_steps(build_request(prompt="p", tier="540p", refiner_steps=3)) is None
 
 
 def test_the_tiny_tree_passes_the_1080p_weights_check(components):
