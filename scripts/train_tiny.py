@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     phases = ("decoders", "dit", "pack") if args.phase == "all" else (args.phase,)
 
     if "decoders" in phases or "dit" in phases:
-        upstream_patches.init_parallel(world_size=1, rank=0, port=upstream_patches.free_port(),
-                                       ulysses_degree=1, cfg_parallel_size=1)
+        upstream_patches.hold_world_of_one()
         components = load_components(base)
         components.image_encoder.load_state_dict(codes.image_encoder_state(config.spatial_stride))
         started = time.perf_counter()

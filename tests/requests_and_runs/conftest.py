@@ -7,14 +7,18 @@ from pathlib import Path
 SAMPLES = Path(__file__).resolve().parents[2] / "magi2studio" / "data" / "sandai" / "assets"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engine():
+    """One started in-process engine for this folder's tests, closed after them, so that the
+    process's torch.distributed world does not outlive them (upstream's topology checks in other
+    folders read it)."""
     from magi2studio.engines import get_engine
     from magi2studio.layouts import parse_layout
 
     eng = get_engine("embedded")
     eng.start(parse_layout("sp1-cfg1"))
-    return eng
+    yield eng
+    eng.close()
 
 
 @pytest.fixture

@@ -18,15 +18,14 @@ def setup(tmp_path_factory):
 
     config = trainer.trained_config()
     base = ensure_checkpoint(config, tmp_path_factory.mktemp("base"))
-    upstream_patches.init_parallel(world_size=1, rank=0, port=upstream_patches.free_port(), ulysses_degree=1,
-                                   cfg_parallel_size=1)
+    upstream_patches.hold_world_of_one()  # shared with an in-process engine another test may hold
     try:
         components = load_components(base)
         components.image_encoder.load_state_dict(codes.image_encoder_state(config.spatial_stride))
         settings = trainer.TrainSettings(scenes=3, decoder_steps=3, audio_decoder_steps=3, dit_steps=1, batch=2)
         yield config, base, components, trainer.make_examples(config, settings), settings
     finally:
-        upstream_patches.destroy_parallel()
+        upstream_patches.let_go_of_world_of_one()
 
 
 def test_the_training_decode_is_upstreams_decode(setup):

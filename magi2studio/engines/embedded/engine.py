@@ -28,7 +28,6 @@ from .tiny_weights import RANDOM, checkpoint_folder, requested_weights, tree_sha
 log = logging.getLogger(__name__)
 ENGINE_NAME = "embedded"
 MAX_RANKS = 4  # CPU ranks the embedded engine will start (oversubscribing small machines)
-_parallel_initialized = False  # upstream's world-1 groups in this process (pools own theirs)
 
 
 class EmbeddedEngine(Engine):
@@ -43,6 +42,7 @@ class EmbeddedEngine(Engine):
 
             config = read_tiny_config(self._weights_folder)
         self._weights_sha256: str | None = None
+        self._holds_world = False  # this engine holds the process's world-1 groups (in-process runs)
         self.config = config or TinyConfig()
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else None
         self.rank_timeout_s = rank_timeout_s if rank_timeout_s is not None else step_timeout_s()
@@ -131,15 +131,13 @@ class EmbeddedEngine(Engine):
             return True
 
     def _start_in_process(self) -> None:
-        global _parallel_initialized
         from . import upstream_patches
         from .components import load_components
         from .driver import EmbeddedDriver
 
-        if not _parallel_initialized:
-            upstream_patches.init_parallel(world_size=1, rank=0, port=upstream_patches.free_port(),
-                                           ulysses_degree=1, cfg_parallel_size=1)
-            _parallel_initialized = True
+        if not self._holds_world:
+            upstream_patches.hold_world_of_one()
+            self._holds_world = True
         install_step_hooks()
         root = self._checkpoint()
         self._components = load_components(root)
@@ -168,14 +166,13 @@ class EmbeddedEngine(Engine):
         return {"weights": str(self._weights_folder), "weights_sha256": self._weights_sha256}
 
     def _stop(self) -> None:
-        global _parallel_initialized
         if self._pool is not None:
             self._pool.close()
-        if self._driver is not None and _parallel_initialized:
+        if self._holds_world:
             from . import upstream_patches
 
-            upstream_patches.destroy_parallel()  # the process's torch.distributed world is ours to release
-            _parallel_initialized = False
+            upstream_patches.let_go_of_world_of_one()  # the last holder releases the process's world
+            self._holds_world = False
         self._pool = None
         self._driver = None
         self._components = None
