@@ -109,6 +109,7 @@ def build(ctx: StudioContext) -> None:
                 errors["prompt"] = _error_line("")
                 with gr.Accordion("Advanced", open=False):
                     negative = gr.Textbox(label="Negative prompt", lines=2)
+                panel = job_panel.build(ctx)  # fills the column's free space, above the fold at 1440x900
             with gr.Column(scale=2):
                 with gr.Row():
                     seed = gr.Number(value=42, label="Seed", precision=None, minimum=0, maximum=MAX_SEED,
@@ -148,7 +149,6 @@ def build(ctx: StudioContext) -> None:
                     cancel = gr.Button("Cancel", variant="stop", elem_id="cancel")
                 errors["general"] = _error_line("")
                 progress = gr.HTML(_progress_html("idle"), elem_id="progress")
-        panel = job_panel.build(ctx)
         session_state.build(ctx, panel)
         # Inside the Tab: a component between two tabs shifts the later tabs' order in Gradio 6.
         timer = gr.Timer(2.0)
