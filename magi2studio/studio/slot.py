@@ -172,6 +172,8 @@ class EngineSlot:
         self._closed = False
         self._thread = threading.Thread(target=self._serve, args=(preload,), name="engine-slot", daemon=True)
         self._thread.start()
+        self._watcher = threading.Thread(target=self._watch, name="engine-slot-queue-file", daemon=True)
+        self._watcher.start()
 
     # -- what the page shows -------------------------------------------------------------
     @property
@@ -275,6 +277,7 @@ class EngineSlot:
                                                                "and runs when the studio starts again"))
             self._cond.notify_all()
         self._thread.join(timeout=30)
+        self._watcher.join(timeout=5)
         self._runner.release()
 
     # -- the worker ----------------------------------------------------------------------
@@ -295,8 +298,8 @@ class EngineSlot:
                 self._jobs.pop(record.id)
                 job.events.put(Update("cancelled", message=record.message or f"the job was {record.state}"))
 
-    def _next(self) -> tuple[JobRecord, Job | None] | None:
-        """Wait for a waiting job (re-reading the file when another process changed it); None once closed."""
+    def _watch(self) -> None:
+        """Re-read the file when another process changed it (a job added, a cancel asked), also while a job runs."""
         with self._cond:
             while not self._closed:
                 if self.queue.signature() != self._signature:
@@ -306,9 +309,20 @@ class EngineSlot:
                         log.warning("%s", err)
                         self._signature = self.queue.signature()
                     self._reconcile()
+                    self._cond.notify_all()
+                self._cond.wait(timeout=SYNC_S)
+
+    def _next(self) -> tuple[JobRecord, Job | None] | None:
+        """Wait for a waiting job and claim it; None once closed."""
+        with self._cond:
+            while not self._closed:
                 if self._snapshot.waiting():
-                    record = self.queue.claim_next()
-                    self._refresh()
+                    try:
+                        record = self.queue.claim_next()
+                        self._refresh()
+                    except InputError as err:  # a damaged file: nothing runs until it is moved away
+                        log.warning("%s", err)
+                        record = None
                     if record is not None:
                         return record, self._jobs.get(record.id)
                 self._cond.wait(timeout=SYNC_S)
@@ -335,6 +349,7 @@ class EngineSlot:
                 job = Job(record.ticket, record.owner, plan, record.id, submitted=record.submitted)
             with self._cond:
                 self._running = job
+                self._jobs[job.id] = job  # also a job from the file: a cancel asked elsewhere reaches it
             try:
                 self._run(record, job)
             finally:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from test_studio_browser import CHROMIUM, CHROMIUM_FLAGS, IMAGES
+from studio_support import CHROMIUM, IMAGES
 
 pytestmark = [
     pytest.mark.slow,
@@ -18,17 +18,10 @@ pytestmark = [
 
 
 @pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-        context = browser.new_context(viewport={"width": 1440, "height": 900})
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
-            browser.close()
+def page(page):
+    """The suite's Chromium page at 1440x900, the size the issue's defects were found at."""
+    page.set_viewport_size({"width": 1440, "height": 900})
+    return page
 
 
 def row(page, seed: int):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,77 @@ def test_the_run_opener_opens_a_run_folder(studio, tmp_path):
 
     folder = runs.execute(studio.ctx.engine, build_request(**REQUEST), parse_layout("sp1-cfg1"), tmp_path)
     assert run_folder_named(tmp_path, folder.path.name).path == folder.path
+
+
+# -- the ETA learned from past run folders, and the stage timer ---------------------------------------
+def _past_run(root: Path, name: str, *, steps: int, stage_ms: dict, engine_start_s: float | None = None,
+              layout: str = "sp1-cfg1") -> None:
+    """A run folder as far as the ETA reads it: the files that make it complete and a manifest's timing."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    for file in runs.RUN_FILES:
+        (folder / file).write_bytes(b"")
+    studio = {"engine_start_s": engine_start_s} if engine_start_s is not None else {}
+    (folder / "manifest.json").write_text(json.dumps({
+        "created": name, "request": {"tier": "272p"}, "resolved": {"steps": steps}, "layout": {"name": layout},
+        "engine": {"name": "embedded"}, "timing": {"stage_ms": stage_ms}, "studio": studio}))
+
+
+def _plan(steps: int, layout: str = "sp1-cfg1"):
+    from types import MappingProxyType
+
+    from magi2studio.engines.base import Plan
+    from magi2studio.layouts import parse_layout
+    from magi2studio.tiers import get_tier
+
+    request = build_request(**{**REQUEST, "steps": steps})
+    return Plan(request, get_tier("272p"), parse_layout(layout), MappingProxyType({"steps": steps}))
+
+
+def test_the_eta_is_learned_per_stage_and_scales_with_steps(tmp_path):
+    from magi2studio.eta import RunHistory
+
+    _past_run(tmp_path, "2026-a", steps=4, stage_ms={"encode": 1000, "preview": 4000, "mux": 500},
+              engine_start_s=20.0)
+    _past_run(tmp_path, "2026-b", steps=2, stage_ms={"encode": 3000, "preview": 2000, "mux": 500})
+    _past_run(tmp_path, "2026-c", steps=2, stage_ms={"encode": 9000, "preview": 90000, "mux": 9000}, layout="sp2-cfg1")
+    history = RunHistory(tmp_path)
+    estimate = history.estimate("embedded", _plan(10), engine_starts=True)
+    # Median of the sp1-cfg1 runs: encode 2 s, preview 1 s/step x 10, mux 0.5 s; the engine start 20 s.
+    assert estimate.stages == (("load", 20.0), ("encode", 2.0), ("preview", 10.0), ("mux", 0.5))
+    assert estimate.after("encode") == 10.5
+    assert history.estimate("embedded", _plan(10), engine_starts=False).stage_s("load") is None
+    assert history.estimate("vllm-omni", _plan(10), engine_starts=False) is None
+
+
+def test_the_stage_clock_times_every_stage_and_gives_an_eta():
+    from magi2studio.engines.base import Progress
+    from magi2studio.eta import Estimate
+    from magi2studio.studio.slot import StageClock
+
+    clock = StageClock(Estimate((("load", 20.0), ("encode", 2.0), ("preview", 8.0), ("mux", 1.0))), now=0.0)
+    clock.on_event(Progress("load", message="starting the engine for layout sp1-cfg1"), now=0.0)
+    assert clock.line(now=5.0) == ("engine start: starting the engine for layout sp1-cfg1 · 5 s of ~20 s"
+                                   " · job 5 s · ETA ~26 s")
+    assert clock.fraction(5.0) == 0.25
+    clock.on_event(Progress("preview", 0, 4), now=30.0)
+    clock.on_event(Progress("preview", 1, 4), now=33.0)  # 3 s per step measured: 2 steps left
+    assert clock.line(now=33.0) == "preview: step 2/4 · 3 s · job 33 s · ETA ~7 s"
+    assert clock.fraction(33.0) == 0.5
+    unknown = StageClock(None, now=0.0)
+    unknown.on_event(Progress("decode_video"), now=1.0)
+    assert unknown.line(now=3.0) == "decode video · 2 s · job 3 s" and unknown.fraction(3.0) is None
+
+
+@pytest.mark.slow
+def test_queue_cancel_from_the_command_line_stops_the_studio_s_running_job(studio, capsys):
+    before = everything_under(studio.outputs)
+    assert cli.main(["queue", "add", "--out", str(studio.outputs), "--prompt", "A slow tide", "--seed", "32",
+                     "--steps", "60"]) == 0
+    job_id = capsys.readouterr().out.split()[2]
+    wait_until(lambda: (clock := studio.ctx.slot.running_clock()) and clock[0] == job_id and clock[1].done)
+    assert cli.main(["queue", "cancel", "--out", str(studio.outputs), job_id]) == 0
+    assert "asked to stop" in capsys.readouterr().out
+    job = wait_until(lambda: (j := JobQueue(studio.outputs).read().find(job_id)).state == "cancelled" and j)
+    assert "cancelled at a step boundary" in job.message
+    assert everything_under(studio.outputs) - before <= {"queue.json"}
