@@ -203,7 +203,8 @@ class EngineSlot:
         layout = self.engine.layout
         waiting = self.waiting()
         if self._state == "loading":
-            target = self.preload if layout is None else None
+            running = self._running
+            target = running.layout if running is not None else self.preload
             where = "starting the engine" + (f" for layout {target.name}" if target is not None else "")
         else:
             where = f"layout {layout.name}" if layout is not None else "engine not started (starts on the first run)"
