@@ -290,3 +290,20 @@ def test_queue_cancel_from_the_command_line_stops_the_studio_s_running_job(studi
     job = wait_until(lambda: (j := JobQueue(studio.outputs).read().find(job_id)).state == "cancelled" and j)
     assert "cancelled at a step boundary" in job.message
     assert everything_under(studio.outputs) - before <= {"queue.json"}
+
+
+@pytest.mark.slow
+def test_queue_run_works_through_the_queue_without_a_studio(tmp_path, capsys):
+    out = tmp_path / "outputs"
+    queue = JobQueue(out)
+    left_running = queue.add(REQUEST, "sp1-cfg1", owner="cli", source="cli")
+    queue.claim_next()  # a runner died while this ran
+    waiting = queue.add({**REQUEST, "seed": 8}, "sp1-cfg1", owner="cli", source="cli")
+    assert cli.main(["queue", "run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"#{left_running.ticket} {left_running.id[:8]}: interrupted" in printed and printed.endswith("queue empty\n")
+    state = queue.read()
+    assert state.find(left_running.id).state == "interrupted" and state.waiting() == []
+    done = state.find(waiting.id)
+    assert done.state == "done" and runs.load_run(out / done.run).manifest["studio"]["job"] == waiting.id
+    RunnerLock(out).release()  # refused (InputError) if queue run still held the root
