@@ -12,7 +12,7 @@ import threading
 from .errors import Cancelled, EngineError, InputError, Terminated, describe_os_error
 
 # Each module in magi2studio.commands exposes register(subparsers) and sets args.func.
-COMMANDS = ("generate", "replay", "verify", "env", "doctor", "weights", "reproduce", "ab", "studio", "score")
+COMMANDS = ("generate", "replay", "verify", "env", "doctor", "weights", "reproduce", "ab", "studio", "score", "queue")
 
 
 def build_parser() -> argparse.ArgumentParser:

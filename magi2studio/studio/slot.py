@@ -1,46 +1,122 @@
-"""The one engine slot every browser session and API client shares, with a bounded FIFO queue.
+"""The one engine slot every browser session, API client and ``magi2studio queue add`` shares.
 
-A single worker thread owns the engine: jobs run one at a time in submission order, each
-reporting through its own event queue (queued position, the engine's progress events, then
-exactly one terminal event). Real engines run their workers in other processes, so progress
-comes from the engine's per-step events, never from a console progress bar.
+The jobs live in the outputs root's queue file (:mod:`magi2studio.jobqueue`), so they survive
+a page reload and a studio restart, and jobs added from the command line join the same queue.
+A single worker thread owns the engine: jobs run one at a time in ticket order. A job
+submitted here reports through its own event queue (queued position, progress, ticks for the
+timer, then exactly one terminal event); a job added elsewhere runs the same way, unfollowed.
+Real engines run their workers in other processes, so progress comes from the engine's
+per-step and per-stage events, never from a console progress bar.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
 import time
-import uuid
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import runs
 from ..engines.base import Engine, Plan, Progress
-from ..errors import Cancelled, InputError, describe_os_error
+from ..errors import InputError
+from ..eta import Estimate, RunHistory
+from ..jobqueue import JobQueue, JobRecord, QueueState, RunnerLock, execute_job, plan_record
 from ..layouts import Layout
 from ..request import Request
 
 log = logging.getLogger(__name__)
 
 TERMINAL = ("done", "refused", "cancelled", "failed")
+SYNC_S = 0.5  # how often the worker looks for changes other processes made to the queue file
+TICK_S = 0.5  # how often a follower of a running job is sent a tick (the page's timer)
+STAGE_NAMES = {"load": "engine start", "decode_video": "decode video", "decode_audio": "decode audio"}
+
+
+class StageClock:
+    """Where a running job is: its stage, since when, its steps; the timer line and ETA come from here."""
+
+    def __init__(self, estimate: Estimate | None, now: float | None = None) -> None:
+        self.estimate = estimate
+        self.started = time.monotonic() if now is None else now
+        self.stage, self.message = "starting", ""
+        self.stage_started = self.started
+        self.done: int | None = None
+        self.total: int | None = None
+        self._first_step: tuple[float, int] | None = None
+
+    def on_event(self, event: Progress, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if event.stage != self.stage:
+            self.stage, self.stage_started, self._first_step = event.stage, now, None
+            self.done = self.total = None
+        self.message = event.message or self.message if event.step is None else ""
+        if event.step is not None and event.total:
+            self.done, self.total = event.step + 1, event.total
+            if self._first_step is None:
+                self._first_step = (now, self.done)
+
+    def stage_remaining_s(self, now: float) -> float | None:
+        """Seconds left in this stage: the rate of its steps so far, else the learned stage time."""
+        in_stage = now - self.stage_started
+        first = self._first_step
+        if self.done is not None and first is not None and self.done > first[1]:
+            return (now - first[0]) / (self.done - first[1]) * (self.total - self.done)
+        learned = self.estimate.stage_s(self.stage) if self.estimate else None
+        if learned is None:
+            return None
+        if self.done is not None and self.total:
+            return learned * (self.total - self.done) / self.total
+        return max(learned - in_stage, 0.0)
+
+    def remaining_s(self, now: float | None = None) -> float | None:
+        """Seconds left in the whole job, when this stage's remainder is known."""
+        now = time.monotonic() if now is None else now
+        stage_left = self.stage_remaining_s(now)
+        if stage_left is None:
+            return None
+        return stage_left + (self.estimate.after(self.stage) if self.estimate else 0.0)
+
+    def fraction(self, now: float) -> float | None:
+        """The stage's fraction done: steps, else the elapsed share of the learned stage time."""
+        if self.done is not None and self.total:
+            return self.done / self.total
+        learned = self.estimate.stage_s(self.stage) if self.estimate else None
+        if learned:
+            return min((now - self.stage_started) / learned, 0.99)
+        return None
+
+    def line(self, now: float | None = None) -> str:
+        """``preview: step 3/8 · 2 s in stage · job 14 s · ETA ~6 s``; stages without steps show their timer."""
+        now = time.monotonic() if now is None else now
+        name = STAGE_NAMES.get(self.stage, self.stage)
+        text = f"{name}: step {self.done}/{self.total}" if self.done is not None else name
+        if self.message and self.done is None:
+            text += f": {self.message}"
+        in_stage = now - self.stage_started
+        learned = self.estimate.stage_s(self.stage) if self.estimate else None
+        text += f" · {in_stage:.0f} s" + (f" of ~{learned:.0f} s" if learned is not None and self.done is None else "")
+        text += f" · job {now - self.started:.0f} s"
+        remaining = self.remaining_s(now)
+        if remaining is not None:
+            text += f" · ETA ~{remaining:.0f} s"
+        return text
 
 
 @dataclass
 class Job:
-    """One submitted plan (checked at the door); ``ticket`` numbers jobs in submission order."""
+    """One plan submitted in this process (checked at the door); ``ticket`` numbers jobs in submission order."""
 
     ticket: int
     owner: str
     plan: Plan
+    id: str  # unguessable: cancel_job needs no session
     submitted: float = field(default_factory=time.time)
     cancel: threading.Event = field(default_factory=threading.Event)
     events: queue.Queue = field(default_factory=queue.Queue)
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)  # unguessable: cancel_job needs no session
+    clock: StageClock | None = None  # set while it runs
 
     @property
     def request(self) -> Request:
@@ -53,7 +129,7 @@ class Job:
 
 @dataclass(frozen=True)
 class Update:
-    """What a follower sees: ``queued`` (position), ``progress``, or a terminal kind.
+    """What a follower sees: ``queued`` (position), ``progress``, ``tick`` (time passed), or a terminal kind.
 
     Terminal payloads: ``done`` a RunFolder, ``refused`` an InputError, ``cancelled`` a
     message, ``failed`` one readable line (the traceback goes to the log).
@@ -68,7 +144,10 @@ class Update:
 
 
 class EngineSlot:
-    """Serialises generation on one engine; ``max_waiting`` bounds the queue."""
+    """Serialises generation on one engine over the outputs root's queue file; ``max_waiting`` bounds it.
+
+    Holds the root's runner lock: a second studio (or ``queue run``) on the same root is refused.
+    """
 
     def __init__(self, engine: Engine, outputs_root: Path, *, max_waiting: int = 32,
                  preload: Layout | None = None) -> None:
@@ -76,14 +155,25 @@ class EngineSlot:
         self.outputs_root = Path(outputs_root)
         self.max_waiting = max_waiting
         self.preload = preload
+        self.queue = JobQueue(self.outputs_root)
+        self.history = RunHistory(self.outputs_root)
+        self._runner = RunnerLock(self.outputs_root)
+        try:
+            self.interrupted = self.queue.open_for_runner(max_waiting)
+            self._snapshot = self.queue.read()
+        except BaseException:
+            self._runner.release()
+            raise
+        self._signature = self.queue.signature()
         self._cond = threading.Condition()
-        self._waiting: deque[Job] = deque()
+        self._jobs: dict[str, Job] = {}  # submitted here and not finished
         self._running: Job | None = None
-        self._tickets = itertools.count(1)
         self._state = "loading" if preload is not None else "idle"
         self._closed = False
         self._thread = threading.Thread(target=self._serve, args=(preload,), name="engine-slot", daemon=True)
         self._thread.start()
+        self._watcher = threading.Thread(target=self._watch, name="engine-slot-queue-file", daemon=True)
+        self._watcher.start()
 
     # -- what the page shows -------------------------------------------------------------
     @property
@@ -91,63 +181,75 @@ class EngineSlot:
         """idle (engine not started yet), loading, ready or busy."""
         return self._state
 
-    def waiting(self) -> int:
+    def snapshot(self) -> QueueState:
+        """The queue as last read or written (the worker re-reads it when another process changes it)."""
         with self._cond:
-            return len(self._waiting)
+            return self._snapshot
+
+    def running_clock(self) -> tuple[str, StageClock] | None:
+        """The running job's id and clock, for the job list's progress cell."""
+        with self._cond:
+            job = self._running
+            return (job.id, job.clock) if job is not None and job.clock is not None else None
+
+    def waiting(self) -> int:
+        return len(self.snapshot().waiting())
 
     def position(self, job: Job) -> int:
         """0 while running or finished, else 1 for the next job to run, 2 after it, ..."""
-        with self._cond:
-            for index, queued in enumerate(self._waiting):
-                if queued is job:
-                    return index + 1
-            return 0
+        return self.snapshot().position(job.id)
 
     def status_line(self) -> str:
         layout = self.engine.layout
-        with self._cond:
-            waiting = len(self._waiting)
-        where = f"layout {layout.name}" if layout is not None else "not started (starts on the first run)"
+        waiting = self.waiting()
+        if self._state == "loading":
+            running = self._running
+            target = running.layout if running is not None else self.preload
+            where = "starting the engine" + (f" for layout {target.name}" if target is not None else "")
+        else:
+            where = f"layout {layout.name}" if layout is not None else "engine not started (starts on the first run)"
         return f"{self._state} · {where} · {waiting} waiting"
 
-    # -- submitting and following ----------------------------------------------------------
-    def submit(self, plan: Plan, owner: str) -> Job:
-        """Queue a plan (``engine.plan`` checked it), or refuse when the queue is full."""
+    # -- submitting, following, cancelling ------------------------------------------------
+    def submit(self, plan: Plan, owner: str, source: str = "studio") -> Job:
+        """Queue a plan (``engine.plan`` checked it), or refuse when the queue is full or closing."""
         with self._cond:
             if self._closed:
                 raise InputError("queue", "the studio is shutting down", "try again after it restarts")
-            if len(self._waiting) >= self.max_waiting:
-                raise InputError(
-                    "queue", f"{len(self._waiting)} runs are already waiting (the limit)",
-                    "try again when the queue is shorter",
-                )
-            job = Job(next(self._tickets), owner, plan)
-            self._waiting.append(job)
+        record = self.queue.add(plan.request.model_dump(mode="json"), plan.layout.name, owner=owner, source=source)
+        job = Job(record.ticket, owner, plan, record.id, submitted=record.submitted)
+        with self._cond:
+            self._jobs[job.id] = job
+            self._refresh()
             self._cond.notify_all()
         return job
 
     def cancel(self, owner: str) -> bool:
         """Cancel the owner's running or waiting jobs; the run stops at its next step boundary."""
-        found = False
-        with self._cond:
-            for job in [*self._waiting, *([self._running] if self._running else [])]:
-                if job.owner == owner:
-                    job.cancel.set()
-                    found = True
-        return found
+        ids = [record.id for record in self.snapshot().jobs if record.pending and record.owner == owner]
+        return any([self.cancel_job(job_id) for job_id in ids])
 
     def cancel_job(self, job_id: str) -> bool:
         """Cancel one running or waiting job by its id; the run stops at its next step boundary."""
+        try:
+            self.queue.cancel(job_id)
+        except InputError:
+            return False
         with self._cond:
-            for job in [*self._waiting, *([self._running] if self._running else [])]:
-                if job.id == job_id:
-                    job.cancel.set()
-                    return True
-        return False
+            self._refresh()
+            self._reconcile()
+        return True
+
+    def remove_job(self, job_id: str) -> JobRecord:
+        """Take a finished job off the list (its run folder stays); raises InputError for a pending one."""
+        record = self.queue.remove(job_id)
+        with self._cond:
+            self._refresh()
+        return record
 
     def follow(self, job: Job, poll_s: float = 0.25) -> Iterator[Update]:
-        """Yield the job's position while it waits, its progress, then its terminal update."""
-        last_position = None
+        """Yield the job's position while it waits, its progress and ticks while it runs, then its terminal update."""
+        last_position, last_tick = None, time.monotonic()
         while True:
             try:
                 update = job.events.get(timeout=poll_s)
@@ -156,21 +258,77 @@ class EngineSlot:
                 if position and position != last_position:
                     last_position = position
                     yield Update("queued", position=position)
+                elif job.clock is not None and time.monotonic() - last_tick >= TICK_S:
+                    last_tick = time.monotonic()
+                    yield Update("tick")
                 continue
             yield update
             if update.kind in TERMINAL:
                 return
 
     def close(self) -> None:
-        """Refuse new jobs, cancel the waiting and the running one (its temp folder is removed), wait."""
+        """Refuse new jobs, stop the running one (its temp folder is removed), wait; waiting jobs stay queued."""
         with self._cond:
             self._closed = True
-            for job in [*self._waiting, *([self._running] if self._running else [])]:
-                job.cancel.set()
+            if self._running is not None:
+                self._running.cancel.set()
+            for job in self._jobs.values():
+                if job is not self._running:
+                    job.events.put(Update("cancelled", message="the studio shut down; the job stays in the queue "
+                                                               "and runs when the studio starts again"))
             self._cond.notify_all()
         self._thread.join(timeout=30)
+        self._watcher.join(timeout=5)
+        self._runner.release()
 
     # -- the worker ----------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Re-read the file (caller holds ``_cond``)."""
+        self._snapshot = self.queue.read()
+        self._signature = self.queue.signature()
+
+    def _reconcile(self) -> None:
+        """Tell followers of jobs cancelled elsewhere; pass a stop request to the running job (holds ``_cond``)."""
+        for record in self._snapshot.jobs:
+            job = self._jobs.get(record.id)
+            if job is None:
+                continue
+            if record.state == "running" and record.cancel_requested:
+                job.cancel.set()
+            elif not record.pending and job is not self._running:
+                self._jobs.pop(record.id)
+                job.events.put(Update("cancelled", message=record.message or f"the job was {record.state}"))
+
+    def _watch(self) -> None:
+        """Re-read the file when another process changed it (a job added, a cancel asked), also while a job runs."""
+        with self._cond:
+            while not self._closed:
+                if self.queue.signature() != self._signature:
+                    try:
+                        self._refresh()
+                    except InputError as err:  # a damaged file: keep the last good view, say why in the log
+                        log.warning("%s", err)
+                        self._signature = self.queue.signature()
+                    self._reconcile()
+                    self._cond.notify_all()
+                self._cond.wait(timeout=SYNC_S)
+
+    def _next(self) -> tuple[JobRecord, Job | None] | None:
+        """Wait for a waiting job and claim it; None once closed."""
+        with self._cond:
+            while not self._closed:
+                if self._snapshot.waiting():
+                    try:
+                        record = self.queue.claim_next()
+                        self._refresh()
+                    except InputError as err:  # a damaged file: nothing runs until it is moved away
+                        log.warning("%s", err)
+                        record = None
+                    if record is not None:
+                        return record, self._jobs.get(record.id)
+                self._cond.wait(timeout=SYNC_S)
+            return None
+
     def _serve(self, preload: Layout | None) -> None:
         if preload is not None:
             try:
@@ -179,72 +337,68 @@ class EngineSlot:
                 log.exception("preloading the engine for %s failed", preload.name)
             self._state = "ready" if self.engine.layout is not None else "idle"
         while True:
+            claimed = self._next()
+            if claimed is None:
+                return
+            record, job = claimed
+            if job is None:  # added by another process, or before a restart: plan it now
+                try:
+                    plan = plan_record(self.engine, record)
+                except InputError as err:
+                    self._finish(record, None, "refused", str(err))
+                    continue
+                job = Job(record.ticket, record.owner, plan, record.id, submitted=record.submitted)
             with self._cond:
-                while not self._waiting and not self._closed:
-                    self._cond.wait()
-                if self._closed and not self._waiting:
-                    return
-                job = self._waiting.popleft()
                 self._running = job
+                self._jobs[job.id] = job  # also a job from the file: a cancel asked elsewhere reaches it
             try:
-                self._run(job)
+                self._run(record, job)
             finally:
                 with self._cond:
                     self._running = None
+                    self._jobs.pop(job.id, None)
                 self._state = "ready" if self.engine.layout is not None else "idle"
 
-    def _run(self, job: Job) -> None:
+    def _run(self, record: JobRecord, job: Job) -> None:
         put = job.events.put
-        if job.cancel.is_set():
-            put(Update("cancelled", message="cancelled while waiting; nothing was run"))
+        if job.cancel.is_set() or record.cancel_requested:
+            self._finish(record, job, "cancelled", "cancelled while waiting; nothing was run")
             return
+        restarting = self.engine.layout != job.layout
+        job.clock = StageClock(self.history.estimate(self.engine.name, job.plan, engine_starts=restarting))
+        self._state = "loading" if restarting else "busy"
+
+        def on_progress(event: Progress) -> None:
+            if event.stage != "load":
+                self._state = "busy"
+            job.clock.on_event(event)
+            put(Update("progress", progress=event))
+
+        outcome = execute_job(self.engine, job.plan, self.outputs_root, record, on_progress=on_progress,
+                              cancel=job.cancel)
+        state = outcome.state
+        if state == "cancelled" and self._closed:
+            state = "interrupted"
+        self._finish(record, job, state, outcome.message, outcome)
+
+    def _finish(self, record: JobRecord, job: Job | None, state: str, message: str, outcome=None) -> None:
+        run = outcome.run if outcome is not None else None
         try:
-            if self.engine.layout != job.layout:
-                self._state = "loading"
-                put(Update("progress", progress=Progress(
-                    "load", message=f"restarting the engine for layout {job.layout.name}")))
-                self.engine.start(job.layout)
-            self._state = "busy"
-            run = runs.execute_plan(
-                self.engine, job.plan, self.outputs_root,
-                on_progress=lambda event: put(Update("progress", progress=event)),
-                cancel=job.cancel,
-                extra={"studio": {"ticket": job.ticket, "queued_s": round(time.time() - job.submitted, 3)}},
-            )
-        except InputError as err:
-            put(Update("refused", error=err, message=str(err)))
-        except Cancelled as err:
-            put(Update("cancelled", message=f"cancelled at a step boundary; no run folder was kept ({err})"))
-        except OSError as err:  # the disk or the OS refused a write: the CLI's words, not a traceback
-            log.warning("run %d could not be written: %s", job.ticket, err)
-            put(Update("failed", message=describe_os_error(err)))
-        except Exception as err:
-            log.exception("run %d (%s) failed", job.ticket, job.request.mode)
-            put(Update("failed", message=failure_line(err)))
-        else:
-            put(Update("done", run=run))
-
-
-def failure_line(err: BaseException) -> str:
-    """One readable line for an engine failure; the traceback stays in the log."""
-    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return f"the engine failed: {type(err).__name__}{': ' + first if first else ''} (details in the studio log)"
-
-
-def describe_progress(event: Progress, seen: dict[str, tuple[float, int]],
-                      now: float | None = None) -> tuple[str, float | None]:
-    """One line for a progress event (stage, step i/N, ETA) and the fraction done, if known.
-
-    ``seen`` keeps, per stage, when and at which step the follower first saw it; the ETA is
-    the rate since then, so it needs two step events of a stage.
-    """
-    now = time.monotonic() if now is None else now
-    if event.step is None or not event.total:
-        return (f"{event.stage}: {event.message}" if event.message else event.stage), None
-    done = event.step + 1
-    first_time, first_done = seen.setdefault(event.stage, (now, done))
-    line = f"{event.stage}: step {done}/{event.total}"
-    if done > first_done:
-        eta = (now - first_time) / (done - first_done) * (event.total - done)
-        line += f" · ETA {eta:.0f} s"
-    return line, done / event.total
+            self.queue.update(record.id, state=state, finished=time.time(), message=message,
+                              run=run.path.name if run is not None else None)
+        except (InputError, OSError) as err:  # the run folder is the record; the list just misses this line
+            log.warning("job %d: the queue file could not be updated: %s", record.ticket, err)
+        with self._cond:
+            try:
+                self._refresh()
+            except InputError as err:
+                log.warning("%s", err)
+        if job is not None:
+            if state == "done":
+                job.events.put(Update("done", run=run))
+            elif state == "refused":
+                job.events.put(Update("refused", error=outcome.error if outcome else None, message=message))
+            elif state in ("cancelled", "interrupted"):
+                job.events.put(Update("cancelled", message=message))
+            else:
+                job.events.put(Update("failed", message=message))

@@ -21,8 +21,8 @@ from ..layouts import PRESETS
 from ..request import MAX_SEED, read_prompt_file
 from ..tiers import TIERS
 from . import form as F
+from . import job_panel, session_state
 from .context import StudioContext
-from .slot import describe_progress
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,10 @@ def _text(value: int | None) -> str:
     return "" if value is None else str(value)
 
 
-def _progress_html(line: str, fraction: float | None = None) -> str:
-    bar = f'<progress value="{fraction:.3f}" max="1"></progress>' if fraction is not None else ""
+def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False) -> str:
+    """The line under Generate; ``busy`` without a fraction draws a moving bar (a stage of unknown length)."""
+    bar = (f'<progress value="{fraction:.3f}" max="1"></progress>' if fraction is not None
+           else '<progress max="1"></progress>' if busy else "")
     return f'<div class="m2s-progress">{bar}<span>{html.escape(line)}</span></div>'
 
 
@@ -107,6 +109,7 @@ def build(ctx: StudioContext) -> None:
                 errors["prompt"] = _error_line("")
                 with gr.Accordion("Advanced", open=False):
                     negative = gr.Textbox(label="Negative prompt", lines=2)
+                panel = job_panel.build(ctx)  # fills the column's free space, above the fold at 1440x900
             with gr.Column(scale=2):
                 with gr.Row():
                     seed = gr.Number(value=42, label="Seed", precision=None, minimum=0, maximum=MAX_SEED,
@@ -146,6 +149,7 @@ def build(ctx: StudioContext) -> None:
                     cancel = gr.Button("Cancel", variant="stop", elem_id="cancel")
                 errors["general"] = _error_line("")
                 progress = gr.HTML(_progress_html("idle"), elem_id="progress")
+        session_state.build(ctx, panel)
         # Inside the Tab: a component between two tabs shifts the later tabs' order in Gradio 6.
         timer = gr.Timer(2.0)
         # Hidden: the /cancel_job endpoint's input (a component outside a Tab relabels the tabs).
@@ -213,22 +217,22 @@ def build(ctx: StudioContext) -> None:
         cleared = {box: _error_line("") for box in error_boxes}
         try:
             plan = F.plan_from_form(form_values, caps, ctx.engine, ctx.uploads)
-            job = ctx.slot.submit(plan, request.session_hash or "anonymous")
+            job = ctx.slot.submit(plan, panel.owner(request), source=panel.source(request))
         except InputError as err:
             yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"✗ {err}"),
                    progress: _progress_html("refused: fix the field marked above")}
             raise gr.Error(str(err), print_exception=False) from None
         yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
                                                    f"/cancel_job with this id stops it)")}
-        seen: dict[str, tuple[float, int]] = {}
         started = time.monotonic()
         for update in ctx.slot.follow(job):
             if update.kind == "queued":
                 yield {progress: _progress_html(
                     f"waiting: position {update.position} in the queue ({ctx.slot.waiting()} waiting)")}
-            elif update.kind == "progress":
-                line, fraction = describe_progress(update.progress, seen)
-                yield {progress: _progress_html(line, fraction)}
+            elif update.kind in ("progress", "tick") and job.clock is not None:
+                now = time.monotonic()
+                yield {progress: _progress_html(f"#{job.ticket} " + job.clock.line(now), job.clock.fraction(now),
+                                                busy=True)}
             elif update.kind == "done":
                 took = time.monotonic() - started
                 yield {**ctx.results.values_for(update.run),
@@ -246,7 +250,7 @@ def build(ctx: StudioContext) -> None:
                 raise gr.Error(update.message, print_exception=False)
 
     def cancel_mine(request: gr.Request) -> str:
-        if ctx.slot.cancel(request.session_hash or "anonymous"):
+        if ctx.slot.cancel(panel.owner(request)):
             return _progress_html("cancelling: the run stops at the next step boundary")
         return _progress_html("nothing of yours is running or waiting")
 
@@ -260,8 +264,9 @@ def build(ctx: StudioContext) -> None:
         outputs = [*ctx.results.components, progress, *error_boxes]
         # preprocess=False: raw payloads reach generate_run, which refuses bad ones in the CLI's words
         # (Gradio's component checks would answer in theirs, or with no message at all).
+        # trigger_mode="multiple": a click while a run goes queues another job (Gradio drops it by default).
         generate.click(generate_run, inputs, outputs, api_name="generate", concurrency_limit=None,
-                       show_progress="hidden", preprocess=False).success(
+                       show_progress="hidden", preprocess=False, trigger_mode="multiple").success(
             lambda: gr.Tabs(selected="results"), None, ctx.tabs, queue=False, api_visibility="private")
         cancel.click(cancel_mine, None, progress, api_name="cancel", queue=False)
         cancel_job_box.submit(cancel_job, cancel_job_box, cancel_job_box, api_name="cancel_job", queue=False)

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from studio_support import CHROMIUM, CHROMIUM_FLAGS
+
 @dataclass
 class Studio:
     url: str
@@ -48,3 +50,18 @@ def studio(tmp_path_factory) -> Studio:
         ctx.slot.close()
         engine.close()
         ctx.close()
+
+
+@pytest.fixture
+def page():
+    """A page of Debian's Chromium, headless, 1440x1000 (a test may resize it)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+            browser.close()

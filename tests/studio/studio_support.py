@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Against an external studio (MAGI2STUDIO_URL) the screenshots go to MAGI2STUDIO_SCREENSHOTS.
+IMAGES = Path(os.environ.get("MAGI2STUDIO_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "docs" / "images")
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--autoplay-policy=no-user-gesture-required"]
 
 # Small enough to keep the suite quick on two cores; the timing metric needs steps >= 3.
 FAST_STEPS = 3

@@ -1,0 +1,163 @@
+"""The job list on the Generate tab: every job of the shared queue, with its state, place, time and actions.
+
+The list is the queue file seen through the slot (so jobs added with ``magi2studio queue
+add``, or left from before a restart, show too), redrawn every second. Each row's buttons
+(cancel, remove, open, run again) send ``{action, job}`` through the HTML component's click
+event. The queue is shared: whoever can open the page can act on any job (``--auth`` limits
+who can open it).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from ..errors import InputError
+from ..eta import Estimate
+from ..jobqueue import JobRecord, plan_record
+from .context import StudioContext
+from .session_state import run_folder_named
+
+MAX_FINISHED_SHOWN = 20
+CLICKS = ("element.addEventListener('click', (event) => {"
+          " const button = event.target.closest('button[data-action]');"
+          " if (button) trigger('click', {action: button.dataset.action, job: button.dataset.job}); });")
+ACTIONS = {"waiting": ("cancel",), "running": ("cancel",), "done": ("open", "remove"),
+           "cancelled": ("run again", "remove"), "failed": ("run again", "remove"),
+           "refused": ("remove",), "interrupted": ("run again", "remove")}
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value < 120 else f"{value / 60:.1f} min"
+
+
+@dataclass
+class JobPanel:
+    """The job list's component, and which browser (kept across reloads) each page session is."""
+
+    ctx: StudioContext
+    table: gr.HTML = None
+    notice: gr.Markdown = None
+    _owners: dict[str, str] = field(default_factory=dict)
+    _estimates: dict[str, Estimate | None] = field(default_factory=dict)
+
+    def claim(self, session_hash: str | None, client: str) -> None:
+        """Link a page session to its browser's id (from the browser's storage), so jobs outlive a reload."""
+        if session_hash:
+            self._owners[session_hash] = client
+
+    def owner(self, request: gr.Request | None) -> str:
+        """The browser id of the page that sent ``request``, else its Gradio session (API clients)."""
+        session = getattr(request, "session_hash", None)
+        return self._owners.get(session or "", "") or session or "anonymous"
+
+    def source(self, request: gr.Request | None) -> str:
+        """studio for a page (it registered its browser id on load), api for any other client."""
+        return "studio" if getattr(request, "session_hash", None) in self._owners else "api"
+
+    def _estimate(self, record: JobRecord) -> Estimate | None:
+        if record.id not in self._estimates:
+            try:
+                plan = plan_record(self.ctx.engine, record)
+            except InputError:
+                plan = None
+            self._estimates[record.id] = plan and self.ctx.slot.history.estimate(
+                self.ctx.engine.name, plan, engine_starts=self.ctx.engine.layout != plan.layout)
+        return self._estimates[record.id]
+
+    def rows(self, now: float | None = None) -> list[dict[str, str]]:
+        """One dict per shown job: running first, then waiting in order, then the newest finished."""
+        now = time.time() if now is None else now
+        state = self.ctx.slot.snapshot()
+        running = self.ctx.slot.running_clock()
+        finished = [job for job in state.jobs if not job.pending][::-1][:MAX_FINISHED_SHOWN]
+        ordered = [job for job in state.jobs if job.state == "running"] + state.waiting() + finished
+        start_in = 0.0  # seconds until the next waiting job starts, while every step of it is known
+        rows = []
+        for job in ordered:
+            if job.state == "running":
+                clock = running[1] if running is not None and running[0] == job.id else None
+                left = clock.remaining_s() if clock is not None else None
+                start_in = left if left is not None else None
+                when = f"{_seconds(now - (job.started or now))} so far"
+                detail = clock.line() if clock is not None else "starting"
+            elif job.state == "waiting":
+                position = state.position(job.id)
+                estimate = self._estimate(job)
+                when = f"starts in ~{_seconds(start_in)}" if start_in is not None else "waits"
+                start_in = start_in + estimate.total_s if start_in is not None and estimate else None
+                detail = f"position {position}" + (f" · takes ~{_seconds(estimate.total_s)}" if estimate else "")
+            else:
+                took = (job.finished - job.started) if job.finished and job.started else None
+                when = f"took {_seconds(took)}" if took is not None and job.state == "done" else time.strftime(
+                    "%H:%M:%S", time.localtime(job.finished or job.submitted))
+                detail = job.message
+            rows.append({"id": job.id, "ticket": str(job.ticket), "state": job.state, "what": job.summary(),
+                         "source": job.source, "when": when, "detail": detail})
+        return rows
+
+    def render(self) -> str:
+        rows = self.rows()
+        if not rows:
+            return '<p class="m2s-jobs-empty">No jobs yet: Generate adds one (you can add more while one runs).</p>'
+        body = "".join(
+            f'<tr data-job="{row["id"]}" data-state="{row["state"]}"><td>#{row["ticket"]}</td>'
+            f'<td class="m2s-job-state">{row["state"]}</td><td>{html.escape(row["what"])}'
+            f'<br><small>from {html.escape(row["source"])} · id {row["id"][:8]}</small></td>'
+            f'<td>{html.escape(row["when"])}</td><td>{html.escape(row["detail"])}</td><td>'
+            + "".join(f'<button data-action="{action}" data-job="{row["id"]}">{action}</button>'
+                      for action in ACTIONS[row["state"]])
+            + "</td></tr>" for row in rows)
+        return ('<table class="m2s-jobs"><thead><tr><th>#</th><th>state</th><th>job</th><th>time</th>'
+                f'<th>progress</th><th></th></tr></thead><tbody>{body}</tbody></table>')
+
+    def act(self, action: str, job_id: str, request: gr.Request | None) -> tuple[str, object]:
+        """Do one row button's action; returns the notice line and the run folder to open (or None)."""
+        slot = self.ctx.slot
+        try:
+            record = slot.snapshot().find(job_id)
+            if action == "cancel":
+                if not slot.cancel_job(record.id):
+                    raise InputError("job", f"#{record.ticket} is {record.state}",
+                                     "only waiting or running jobs can be cancelled")
+                return f"#{record.ticket}: cancelling (a running job stops at its next step boundary)", None
+            if action == "remove":
+                slot.remove_job(record.id)
+                return f"#{record.ticket} removed from the list (its run folder, if any, stays)", None
+            if action == "open":
+                if record.run is None:
+                    raise InputError("job", f"#{record.ticket} has no run folder", "open a job that is done")
+                run = run_folder_named(self.ctx.outputs_root, record.run)
+                return f"#{record.ticket}: showing {record.run} in Results", run
+            if action == "run again":
+                job = slot.submit(plan_record(self.ctx.engine, record), self.owner(request))
+                return f"#{record.ticket} queued again as #{job.ticket}", None
+        except InputError as err:
+            return f"✗ {err}", None
+        return f"✗ action: {action!r} is not a job action. Fix: use the row's buttons", None
+
+
+def build(ctx: StudioContext) -> JobPanel:
+    """The job list (inside the Generate tab), redrawn every second; its actions are wired once Results exists."""
+    panel = JobPanel(ctx)
+    with gr.Group(elem_id="job-panel-group"):
+        gr.Markdown("**Jobs** · the shared queue: every page, API client and `magi2studio queue add` adds here",
+                    elem_id="job-panel-title")
+        panel.table = gr.HTML(panel.render(), elem_id="job-panel", js_on_load=CLICKS)
+        panel.notice = gr.Markdown(elem_id="job-notice")
+    timer = gr.Timer(1.0)
+    timer.tick(panel.render, None, panel.table, queue=False, show_progress="hidden", api_visibility="private")
+
+    def clicked(event: gr.EventData, request: gr.Request):
+        data = getattr(event, "_data", None) or {}
+        notice, run = panel.act(str(data.get("action", "")), str(data.get("job", "")), request)
+        shown = ctx.results.values_for(run) if run is not None else {}
+        return {panel.table: panel.render(), panel.notice: notice, **shown,
+                ctx.tabs: gr.Tabs(selected="results") if run is not None else gr.Tabs()}
+
+    ctx.defer(lambda: panel.table.click(clicked, None, [panel.table, panel.notice, *ctx.results.components, ctx.tabs],
+                                        api_visibility="private", show_progress="hidden"))
+    return panel

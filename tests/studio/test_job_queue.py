@@ -1,0 +1,309 @@
+"""The queue file (outputs/queue.json) and ``magi2studio queue``: atomic writes, the bound, interrupted jobs,
+restart survival, the command line's refusals, and the ``/?run=`` name check."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from magi2studio import cli, jobqueue, runs
+from magi2studio.errors import InputError
+from magi2studio.jobqueue import JobQueue, RunnerLock
+from magi2studio.request import build_request
+from magi2studio.studio.session_state import run_folder_named
+from magi2studio.studio.slot import EngineSlot
+from studio_support import everything_under
+
+REQUEST = build_request(prompt="A red kite over a grey sea", seed=5, steps=2).model_dump(mode="json")
+
+
+def wait_until(check, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not true within {timeout_s} s")
+
+
+def test_add_writes_the_whole_file_by_rename_and_keeps_ticket_order(tmp_path):
+    queue = JobQueue(tmp_path)
+    first = queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli")
+    inode = (tmp_path / "queue.json").stat().st_ino
+    second = queue.add(REQUEST, "sp1-cfg1", owner="b", source="cli")
+    assert (tmp_path / "queue.json").stat().st_ino != inode  # replaced by a rename, never rewritten in place
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".queue.json.")] == []  # no temp file left
+    state = JobQueue(tmp_path).read()
+    assert [job.ticket for job in state.jobs] == [1, 2]
+    assert state.position(first.id) == 1 and state.position(second.id) == 2
+    assert json.loads((tmp_path / "queue.json").read_text())["jobs"][0]["request"] == REQUEST
+
+
+def test_a_full_queue_refuses_in_the_cli_words_and_writes_nothing(tmp_path):
+    queue = JobQueue(tmp_path)
+    queue.open_for_runner(max_waiting=2)
+    queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli")
+    queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli")
+    before = (tmp_path / "queue.json").read_bytes()
+    with pytest.raises(InputError, match=r"^queue: 2 runs are already waiting \(the limit is 2\)\. Fix: "):
+        queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli")
+    assert (tmp_path / "queue.json").read_bytes() == before
+
+
+def test_a_job_running_when_the_runner_died_is_marked_interrupted(tmp_path):
+    queue = JobQueue(tmp_path)
+    job = queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli")
+    waiting = queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli")
+    assert queue.claim_next().id == job.id
+    interrupted = JobQueue(tmp_path).open_for_runner()  # the next runner's start
+    assert [j.id for j in interrupted] == [job.id]
+    state = queue.read()
+    assert state.find(job.id).state == "interrupted" and "Fix: add it again" in state.find(job.id).message
+    assert state.find(waiting.id).state == "waiting"
+
+
+def test_cancel_and_remove_by_id_prefix_and_their_refusals(tmp_path):
+    queue = JobQueue(tmp_path)
+    job = queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli")
+    with pytest.raises(InputError, match=r"^job: .* is waiting\. Fix: cancel it first"):
+        queue.remove(job.id[:8])
+    assert queue.cancel(job.id[:8]).state == "cancelled"
+    with pytest.raises(InputError, match=r"^job: .* is cancelled, not waiting or running\. Fix: "):
+        queue.cancel(job.id)
+    queue.remove(job.id)
+    assert queue.read().jobs == []
+    with pytest.raises(InputError, match=r"^job: 'abc' is not a job in the queue\. Fix: "):
+        queue.cancel("abc")
+
+
+def test_a_damaged_queue_file_is_refused_never_overwritten(tmp_path):
+    (tmp_path / "queue.json").write_text('{"version": 1, "jobs": [', encoding="utf-8")
+    with pytest.raises(InputError, match=r"^queue: .*queue.json is not valid JSON .*Fix: move queue.json away"):
+        JobQueue(tmp_path).add(REQUEST, "sp1-cfg1", owner="a", source="cli")
+    assert (tmp_path / "queue.json").read_text() == '{"version": 1, "jobs": ['
+
+
+def test_one_runner_per_outputs_root(tmp_path):
+    lock = RunnerLock(tmp_path)
+    try:
+        with pytest.raises(InputError, match=rf"^out: .* is already served by pid {os.getpid()}\. Fix: "):
+            RunnerLock(tmp_path)
+    finally:
+        lock.release()
+    RunnerLock(tmp_path).release()  # free again once released
+
+
+def test_finished_jobs_are_trimmed_to_the_newest(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobqueue, "KEEP_FINISHED", 2)
+    queue = JobQueue(tmp_path)
+    ids = [queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli").id for _ in range(4)]
+    for job_id in ids:
+        queue.cancel(job_id)
+    assert [job.id for job in queue.read().jobs] == ids[2:]
+
+
+# -- the command line ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags, expected", [
+    (["--prompt", "x", "--seed", "abc"], r"^error: seed: 'abc' is not a whole number\. Fix: "),
+    (["--prompt", "x", "--layout", "sp3-cfg1"], r"^error: layout: .*Fix: "),
+    (["--prompt", "x", "--tier", "999p"], r"^error: tier: .*Fix: "),
+    ([], r"^error: prompt: no prompt was given\. Fix: "),
+])
+def test_queue_add_refuses_bad_input_with_exit_2_and_writes_nothing(tmp_path, capsys, flags, expected):
+    out = tmp_path / "outputs"
+    assert cli.main(["queue", "add", "--out", str(out), *flags]) == 2
+    import re
+
+    assert re.search(expected, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_queue_list_add_cancel_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "outputs"
+    assert cli.main(["queue", "add", "--out", str(out), "--prompt", "A kite", "--seed", "9", "--steps", "2"]) == 0
+    added = capsys.readouterr().out
+    assert added.startswith("queued #1 ") and "at position 1" in added
+    job = JobQueue(out).read().jobs[0]
+    assert job.request["seed"] == 9 and job.request["steps"] == 2 and job.source == "cli"
+    assert cli.main(["queue", "list", "--out", str(out)]) == 0
+    listed = capsys.readouterr().out
+    assert f"#1    {job.id[:8]}  waiting" in listed and "seed 9" in listed and "position 1" in listed
+    assert cli.main(["queue", "cancel", "--out", str(out), job.id[:8]]) == 0
+    assert "cancelled" in capsys.readouterr().out
+    assert cli.main(["queue", "cancel", "--out", str(out), "ffffffff"]) == 2
+    assert capsys.readouterr().err.startswith("error: job: 'ffffffff' is not a job in the queue. Fix: ")
+    assert cli.main(["queue", "list", "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["state"] == "cancelled"
+
+
+def test_queue_run_refuses_while_a_studio_serves_the_root(studio, capsys):
+    assert cli.main(["queue", "run", "--out", str(studio.outputs)]) == 2
+    assert "is already served by pid" in capsys.readouterr().err
+
+
+# -- jobs the studio did not submit itself ------------------------------------------------------------
+@pytest.mark.slow
+def test_the_studio_runs_a_job_added_from_the_command_line(studio, capsys):
+    assert cli.main(["queue", "add", "--out", str(studio.outputs), "--prompt", "A gull over a pier",
+                     "--seed", "31", "--steps", "2"]) == 0
+    job_id = capsys.readouterr().out.split()[2]
+    job = wait_until(lambda: (j := JobQueue(studio.outputs).read().find(job_id)).state == "done" and j)
+    assert studio.ctx.slot.snapshot().find(job_id).run == job.run
+    folder = runs.load_run(studio.outputs / job.run)
+    assert folder.manifest["request"]["seed"] == 31 and folder.manifest["studio"]["job"] == job_id
+
+
+@pytest.mark.slow
+def test_waiting_jobs_survive_a_restart_and_run_there(studio, tmp_path):
+    """A queue left by a studio that died: the running job is interrupted, the waiting one runs after restart."""
+    root = tmp_path / "outputs"
+    queue = JobQueue(root)
+    running = queue.add(REQUEST, "sp1-cfg1", owner="browser", source="studio")
+    waiting = queue.add({**REQUEST, "seed": 6}, "sp1-cfg1", owner="browser", source="studio")
+    queue.claim_next()
+    slot = EngineSlot(studio.ctx.engine, root, max_waiting=4)  # the restarted studio (the engine is started)
+    try:
+        assert [job.id for job in slot.interrupted] == [running.id]
+        done = wait_until(lambda: (j := slot.snapshot().find(waiting.id)).state == "done" and j)
+    finally:
+        slot.close()
+    assert runs.is_complete(root / done.run)
+    assert runs.load_run(root / done.run).manifest["request"]["seed"] == 6
+    assert slot.snapshot().find(running.id).state == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_queued_job_that_no_longer_plans_is_refused_at_load(studio, tmp_path):
+    root = tmp_path / "outputs"
+    job = JobQueue(root).add({**REQUEST, "mode": "i2va", "image": str(tmp_path / "gone.png")}, "sp1-cfg1",
+                             owner="cli", source="cli")
+    slot = EngineSlot(studio.ctx.engine, root)
+    try:
+        refused = wait_until(lambda: (j := slot.snapshot().find(job.id)).state == "refused" and j)
+    finally:
+        slot.close()
+    assert refused.message.startswith("image: ") and "does not exist. Fix: " in refused.message
+    assert everything_under(root) == {"queue.json", ".queue.lock", ".queue-runner.lock"}
+
+
+# -- /?run=<folder> -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["../outputs", "a/b", "", ".hidden", "..", "x" * 300, None, "no-such-run"])
+def test_the_run_opener_refuses_what_is_not_a_run_folder_name(tmp_path, name):
+    (tmp_path / "not-a-run").mkdir()
+    with pytest.raises(InputError, match=r"^run: .*Fix: "):
+        run_folder_named(tmp_path, name)
+
+
+def test_the_run_opener_refuses_an_incomplete_folder_and_a_symlink_out(tmp_path):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "manifest.json").write_text("{}")
+    outside = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    outside.mkdir()
+    (tmp_path / "link").symlink_to(outside)
+    for name in ("half", "link", "queue.json"):
+        with pytest.raises(InputError, match=r"^run: .*Fix: "):
+            run_folder_named(tmp_path, name)
+
+
+@pytest.mark.slow
+def test_the_run_opener_opens_a_run_folder(studio, tmp_path):
+    from magi2studio.layouts import parse_layout
+
+    folder = runs.execute(studio.ctx.engine, build_request(**REQUEST), parse_layout("sp1-cfg1"), tmp_path)
+    assert run_folder_named(tmp_path, folder.path.name).path == folder.path
+
+
+# -- the ETA learned from past run folders, and the stage timer ---------------------------------------
+def _past_run(root: Path, name: str, *, steps: int, stage_ms: dict, engine_start_s: float | None = None,
+              layout: str = "sp1-cfg1") -> None:
+    """A run folder as far as the ETA reads it: the files that make it complete and a manifest's timing."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    for file in runs.RUN_FILES:
+        (folder / file).write_bytes(b"")
+    studio = {"engine_start_s": engine_start_s} if engine_start_s is not None else {}
+    (folder / "manifest.json").write_text(json.dumps({
+        "created": name, "request": {"tier": "272p"}, "resolved": {"steps": steps}, "layout": {"name": layout},
+        "engine": {"name": "embedded"}, "timing": {"stage_ms": stage_ms}, "studio": studio}))
+
+
+def _plan(steps: int, layout: str = "sp1-cfg1"):
+    from types import MappingProxyType
+
+    from magi2studio.engines.base import Plan
+    from magi2studio.layouts import parse_layout
+    from magi2studio.tiers import get_tier
+
+    request = build_request(**{**REQUEST, "steps": steps})
+    return Plan(request, get_tier("272p"), parse_layout(layout), MappingProxyType({"steps": steps}))
+
+
+def test_the_eta_is_learned_per_stage_and_scales_with_steps(tmp_path):
+    from magi2studio.eta import RunHistory
+
+    _past_run(tmp_path, "2026-a", steps=4, stage_ms={"encode": 1000, "preview": 4000, "mux": 500},
+              engine_start_s=20.0)
+    _past_run(tmp_path, "2026-b", steps=2, stage_ms={"encode": 3000, "preview": 2000, "mux": 500})
+    _past_run(tmp_path, "2026-c", steps=2, stage_ms={"encode": 9000, "preview": 90000, "mux": 9000}, layout="sp2-cfg1")
+    history = RunHistory(tmp_path)
+    estimate = history.estimate("embedded", _plan(10), engine_starts=True)
+    # Median of the sp1-cfg1 runs: encode 2 s, preview 1 s/step x 10, mux 0.5 s; the engine start 20 s.
+    assert estimate.stages == (("load", 20.0), ("encode", 2.0), ("preview", 10.0), ("mux", 0.5))
+    assert estimate.after("encode") == 10.5
+    assert history.estimate("embedded", _plan(10), engine_starts=False).stage_s("load") is None
+    assert history.estimate("vllm-omni", _plan(10), engine_starts=False) is None
+
+
+def test_the_stage_clock_times_every_stage_and_gives_an_eta():
+    from magi2studio.engines.base import Progress
+    from magi2studio.eta import Estimate
+    from magi2studio.studio.slot import StageClock
+
+    clock = StageClock(Estimate((("load", 20.0), ("encode", 2.0), ("preview", 8.0), ("mux", 1.0))), now=0.0)
+    clock.on_event(Progress("load", message="starting the engine for layout sp1-cfg1"), now=0.0)
+    assert clock.line(now=5.0) == ("engine start: starting the engine for layout sp1-cfg1 · 5 s of ~20 s"
+                                   " · job 5 s · ETA ~26 s")
+    assert clock.fraction(5.0) == 0.25
+    clock.on_event(Progress("preview", 0, 4), now=30.0)
+    clock.on_event(Progress("preview", 1, 4), now=33.0)  # 3 s per step measured: 2 steps left
+    assert clock.line(now=33.0) == "preview: step 2/4 · 3 s · job 33 s · ETA ~7 s"
+    assert clock.fraction(33.0) == 0.5
+    unknown = StageClock(None, now=0.0)
+    unknown.on_event(Progress("decode_video"), now=1.0)
+    assert unknown.line(now=3.0) == "decode video · 2 s · job 3 s" and unknown.fraction(3.0) is None
+
+
+@pytest.mark.slow
+def test_queue_cancel_from_the_command_line_stops_the_studio_s_running_job(studio, capsys):
+    before = everything_under(studio.outputs)
+    assert cli.main(["queue", "add", "--out", str(studio.outputs), "--prompt", "A slow tide", "--seed", "32",
+                     "--steps", "60"]) == 0
+    job_id = capsys.readouterr().out.split()[2]
+    wait_until(lambda: (clock := studio.ctx.slot.running_clock()) and clock[0] == job_id and clock[1].done)
+    assert cli.main(["queue", "cancel", "--out", str(studio.outputs), job_id]) == 0
+    assert "asked to stop" in capsys.readouterr().out
+    job = wait_until(lambda: (j := JobQueue(studio.outputs).read().find(job_id)).state == "cancelled" and j)
+    assert "cancelled at a step boundary" in job.message
+    assert everything_under(studio.outputs) - before <= {"queue.json"}
+
+
+@pytest.mark.slow
+def test_queue_run_works_through_the_queue_without_a_studio(tmp_path, capsys):
+    out = tmp_path / "outputs"
+    queue = JobQueue(out)
+    left_running = queue.add(REQUEST, "sp1-cfg1", owner="cli", source="cli")
+    queue.claim_next()  # a runner died while this ran
+    waiting = queue.add({**REQUEST, "seed": 8}, "sp1-cfg1", owner="cli", source="cli")
+    assert cli.main(["queue", "run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"#{left_running.ticket} {left_running.id[:8]}: interrupted" in printed and printed.endswith("queue empty\n")
+    state = queue.read()
+    assert state.find(left_running.id).state == "interrupted" and state.waiting() == []
+    done = state.find(waiting.id)
+    assert done.state == "done" and runs.load_run(out / done.run).manifest["studio"]["job"] == waiting.id
+    RunnerLock(out).release()  # refused (InputError) if queue run still held the root
