@@ -16,7 +16,7 @@ import math
 import pandas as pd
 
 WIDTH, HEIGHT = 680, 230
-LEFT, RIGHT, TOP, BOTTOM = 64, 14, 12, 40
+LEFT, RIGHT, TOP, BOTTOM = 64, 14, 24, 40  # the top margin holds the labels of points above the axis
 SLOWEST_COLOR = "#2563eb"
 EXCLUDED_COLOR = "#6b7280"
 RANK_COLORS = ("#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2", "#65a30d", "#dc2626", "#a16207")
@@ -112,7 +112,7 @@ def _panel(stage: str, frame: pd.DataFrame) -> str:
                          f'{ms:,.1f} ms</title></circle>')
             if over:
                 labelled.add(int(step))
-                parts.append(f'<text x="{x(step) + 6:.1f}" y="{TOP + 10}" class="m2s-plot-over">'
+                parts.append(f'<text x="{x(step):.1f}" y="{TOP - 8}" text-anchor="middle" class="m2s-plot-over">'
                              f'▲ {ms:,.0f} ms</text>')
         swatch = (f'<svg width="28" height="10" aria-hidden="true"><line x1="0" x2="28" y1="5" y2="5" '
                   f'stroke="{style["color"]}" stroke-width="{style["width"]}" stroke-dasharray="{style["dash"]}"/>'

@@ -83,6 +83,7 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
     page.locator("#seed input").fill("1")
     page.get_by_role("tab", name="History").click()
     page.locator("#history-gallery img").first.click()
+    page.locator("#history-open").click()
     page.locator("#use-settings").wait_for(state="visible", timeout=30_000)
     page.locator("#use-settings").click()
     page.wait_for_function("() => document.querySelector('#seed input').value === '2026'", timeout=30_000)
