@@ -27,8 +27,10 @@ def build(ctx: StudioContext) -> None:
         with gr.Column(visible=False, elem_id="history-picked") as picked_panel:
             picked_text = gr.Markdown(elem_id="history-details")
             with gr.Row():
-                open_run = gr.Button("Open in Results", variant="primary", elem_id="history-open", scale=0)
-                ask_delete = gr.Button("Delete this run…", variant="stop", elem_id="history-delete", scale=0)
+                open_run = gr.Button("Open in Results", variant="primary", elem_id="history-open", scale=0,
+                                     min_width=180)
+                ask_delete = gr.Button("Delete this run…", variant="stop", elem_id="history-delete", scale=0,
+                                       min_width=180)
             with gr.Row(visible=False, elem_id="history-confirm") as confirm_row:
                 confirm_text = gr.Markdown()
                 confirm = gr.Button("Yes, delete it", variant="stop", elem_id="history-delete-yes", scale=0)

@@ -2,8 +2,34 @@
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--autoplay-policy=no-user-gesture-required"]
+# Against an external studio (MAGI2STUDIO_URL) the screenshots go to MAGI2STUDIO_SCREENSHOTS.
+IMAGES = Path(os.environ.get("MAGI2STUDIO_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "docs" / "images")
+NO_CHROMIUM = ("Debian's chromium is not installed at /usr/bin/chromium (apt-get install chromium; .ci/run does)")
+
+
+@contextmanager
+def chromium_page(width: int = 1440, height: int = 1000):
+    """A page in headless Debian Chromium at ``width`` x ``height``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+        context = browser.new_context(viewport={"width": width, "height": height})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+            browser.close()
+
 
 # Small enough to keep the suite quick on two cores; the timing metric needs steps >= 3.
 FAST_STEPS = 3

@@ -3,37 +3,17 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
-# Against an external studio (MAGI2STUDIO_URL) the screenshots go to MAGI2STUDIO_SCREENSHOTS.
-IMAGES = Path(os.environ.get("MAGI2STUDIO_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "docs" / "images")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--autoplay-policy=no-user-gesture-required"]
+from studio_support import CHROMIUM, IMAGES, NO_CHROMIUM, chromium_page
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium "
-                                                     "(apt-get install chromium; .ci/run does)"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
 
 @pytest.fixture
 def page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-        context = browser.new_context(viewport={"width": 1440, "height": 1000})
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
-            browser.close()
+    with chromium_page() as page:
+        yield page
 
 
 def test_fill_generate_play_and_see_the_timing_plot(studio, page):
