@@ -15,6 +15,28 @@ from studio_support import CHROMIUM, IMAGES, NO_CHROMIUM, chromium_page
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
 FOLD = 900
+# The WCAG contrast ratio of an element's text (or its ::placeholder) with the backgrounds under it.
+CONTRAST = r"""([selector, pseudo]) => {
+  const el = document.querySelector(selector);
+  if (!el) return 0;
+  const parse = c => { const p = c.match(/rgba?\(([^)]+)\)/)[1].split(',').map(Number);
+                       return {r: p[0], g: p[1], b: p[2], a: p.length > 3 ? p[3] : 1}; };
+  const over = (top, under) => ({r: top.r * top.a + under.r * (1 - top.a), g: top.g * top.a + under.g * (1 - top.a),
+                                 b: top.b * top.a + under.b * (1 - top.a), a: 1});
+  const luminance = c => [c.r, c.g, c.b].map(v => { v /= 255; return v <= 0.03928 ? v / 12.92
+                                                     : Math.pow((v + 0.055) / 1.055, 2.4); })
+                                       .reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const layers = [];
+  for (let n = el; n && n.nodeType === 1; n = n.parentElement) {
+    const c = parse(getComputedStyle(n).backgroundColor);
+    if (c.a > 0) layers.push(c);
+    if (c.a >= 1) break;
+  }
+  const background = layers.reverse().reduce((under, top) => over(top, under), {r: 255, g: 255, b: 255, a: 1});
+  let text = over(parse(getComputedStyle(el, pseudo).color), background);
+  const [a, b] = [luminance(text), luminance(background)];
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+}"""
 
 
 @pytest.fixture
@@ -27,6 +49,20 @@ def page(studio):
 
 def steps_box(page):
     return page.locator("#steps textarea, #steps input").first
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_labels_placeholders_help_and_footer_meet_wcag_aa(studio, scheme):
+    with chromium_page(1440, FOLD) as page:
+        page.emulate_media(color_scheme=scheme)
+        page.goto(f"{studio.url}?__theme={scheme}")
+        page.locator("#layout-check").get_by_text("runs on").first.wait_for(timeout=60_000)
+        for selector, pseudo in [('#seed [data-testid="block-info"]', None),
+                                 ("#steps input, #steps textarea", "::placeholder"),
+                                 ("#layout-preset .info-text", None), ("footer a, footer button", None),
+                                 ("#layout-check small", None)]:
+            ratio = page.evaluate(CONTRAST, [selector, pseudo])
+            assert ratio >= 4.5, f"{selector} {pseudo or ''} is {ratio:.2f}:1 in the {scheme} theme (0: not found)"
 
 
 def test_layouts_the_engine_refuses_are_marked_with_the_reason_and_the_fields_follow_the_preset(page):
