@@ -42,7 +42,7 @@ class Request(BaseModel):
     mode: Literal["t2va", "i2va"] = Field("t2va", title="Mode")
     prompt: str = Field(title="Prompt")
     prompt_file: str | None = Field(None, title="Prompt file", description="UTF-8 text or JSON, read as it is")
-    image: str | None = Field(None, title="First-frame image", description="JPEG or PNG (I2VA)")
+    image: str | None = Field(None, title="First-frame image", description="JPEG or PNG, for I2VA")
     negative_prompt: str | None = Field(None, title="Negative prompt",
                                         description="blank: the engine's (upstream's default negative prompt)")
     seed: int = Field(42, title="Seed", description="-1 draws a random seed; the drawn one is recorded")

@@ -71,6 +71,5 @@ def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -
         # Gradio's browser-side run history (its footer "Runs" page) cannot show this app's outputs
         # (it printed "[object Object]" and raw update dicts); History is the record here.
         "run_history": False,
-        "footer_links": ["api", "settings"],
         "js": (ASSETS / "studio.js").read_text(encoding="utf-8"),
     }

@@ -94,6 +94,8 @@ def _to_form(name: str, value: Any) -> Any:
     """A manifest's request value as its form field holds it."""
     if name == "prompt_file":
         return None  # the prompt itself comes back; an upload cannot be refilled
+    if name == "image":
+        return value  # a file component takes a path or None, never ""
     if name == "compile":
         return value or ENGINE_DEFAULT
     if name in OPTIONAL_WHOLE:

@@ -49,7 +49,7 @@ def choices(states: list[PresetState]) -> list[tuple[str, str]]:
     """The dropdown's (label, value) pairs: runnable presets, custom, then the refused ones with their reason."""
     runnable = [(f"{s.name}: {s.why}" + (" (with a warning)" if s.warnings else ""), s.name)
                 for s in states if s.refusal is None]
-    refused = [(f"{REFUSED_MARK} {s.name}: not on this engine: {s.refusal}", s.name)
+    refused = [(f"{REFUSED_MARK} {s.name}: not on this engine: {s.refusal.removeprefix(f'{s.name} ')}", s.name)
                for s in states if s.refusal is not None]
     return [*runnable, ("custom SP / CFG / EP", CUSTOM), *refused]
 

@@ -146,7 +146,7 @@ def test_seed_minus_one_runs_with_a_drawn_seed_the_plot_names_its_series_and_his
     assert "paper boat" in details.inner_text() and "drawn at random" in details.inner_text()
     caption = page.locator("#history-gallery .caption-label").first.inner_text()
     assert caption.startswith(f"seed {drawn} · 272p · sp1-cfg1"), caption
-    page.screenshot(path=str(IMAGES / "studio-history.png"), full_page=True)
+    page.screenshot(path=str(IMAGES / "studio-history-search.png"), full_page=True)
 
     page.locator("#history-delete").click()
     page.locator("#history-confirm").get_by_text(f"Delete {name}").wait_for(timeout=10_000)

@@ -51,6 +51,7 @@ def test_a_manifest_refills_the_form_and_the_form_plans_the_same_request(engine)
     by_name = dict(zip(F.FIELDS, values))
     assert (by_name["steps"], by_name["output_width"], by_name["output_height"]) == ("4", "", "1080")
     assert (by_name["layout_preset"], by_name["sp"], by_name["ep"]) == ("sp2-cfg1", 2, "")
+    assert (by_name["image"], by_name["prompt_file"], by_name["negative_prompt"]) == (None, None, "")
     again = F.plan_from_form(by_name, engine.capabilities(), engine)
     assert again.request == request and again.layout == layout
 
