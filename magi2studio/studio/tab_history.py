@@ -41,7 +41,8 @@ def build(ctx: StudioContext) -> None:
     def load_history(text: str | None):
         entries = H.list_entries(ctx.outputs_root)
         found = H.search(entries, text)
-        what = f"{len(found)} of {len(entries)} runs" if (text or "").strip() else f"{len(entries)} runs"
+        runs = f"{len(entries)} run{'' if len(entries) == 1 else 's'}"
+        what = f"{len(found)} of {runs}" if (text or "").strip() else runs
         return ([(str(e.path / "poster.jpg"), e.caption()) for e in found], [str(e.path) for e in found],
                 f"{what} in {ctx.outputs_root}", gr.Column(visible=False), None)
 

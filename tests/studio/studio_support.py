@@ -31,6 +31,13 @@ def chromium_page(width: int = 1440, height: int = 1000):
             browser.close()
 
 
+def wait_settled(page, element_id: str, timeout_ms: int = 30_000) -> None:
+    """Wait until no event is pending on the component (Gradio fades it meanwhile: a screenshot would be grey)."""
+    page.wait_for_function(
+        "id => { const t = document.querySelector(`#${id} [data-testid=status-tracker]`);"
+        " return !t || t.classList.contains('hide'); }", arg=element_id, timeout=timeout_ms)
+
+
 # Small enough to keep the suite quick on two cores; the timing metric needs steps >= 3.
 FAST_STEPS = 3
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from studio_support import CHROMIUM, IMAGES, NO_CHROMIUM, chromium_page
+from studio_support import CHROMIUM, IMAGES, NO_CHROMIUM, chromium_page, wait_settled
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -130,6 +130,7 @@ def test_seed_minus_one_runs_with_a_drawn_seed_the_plot_names_its_series_and_his
     assert [t for t in ticks if t.isdigit()] == ["0", "1", "2"], ticks
     tooltip = page.locator("#timing-plot circle title").first.text_content()
     assert re.fullmatch(r"preview rank 0 \(the only rank\), step 2: [\d,]+\.\d ms", tooltip), tooltip
+    wait_settled(page, "timing-plot")
     page.locator("#timing-plot").screenshot(path=str(IMAGES / "studio-timing-plot.png"))
 
     if studio.outputs is not None:  # in-process studio: the run folder is readable here
@@ -146,6 +147,7 @@ def test_seed_minus_one_runs_with_a_drawn_seed_the_plot_names_its_series_and_his
     assert "paper boat" in details.inner_text() and "drawn at random" in details.inner_text()
     caption = page.locator("#history-gallery .caption-label").first.inner_text()
     assert caption.startswith(f"seed {drawn} · 272p · sp1-cfg1"), caption
+    wait_settled(page, "history-gallery")
     page.screenshot(path=str(IMAGES / "studio-history-search.png"), full_page=True)
 
     page.locator("#history-delete").click()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from studio_support import CHROMIUM, IMAGES, NO_CHROMIUM, chromium_page
+from studio_support import CHROMIUM, IMAGES, NO_CHROMIUM, chromium_page, wait_settled
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -56,6 +56,7 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
 
     page.get_by_role("tab", name="History").click()
     page.locator("#history-gallery img").first.wait_for(state="visible", timeout=30_000)
+    wait_settled(page, "history-gallery")
     page.screenshot(path=str(IMAGES / "studio-history.png"), full_page=True)
 
     # The replay path: change the form, pick the run in History, "Use these settings" refills it.
