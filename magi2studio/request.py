@@ -7,11 +7,12 @@ torch, so the CLI and the studio can validate before any engine starts.
 from __future__ import annotations
 
 import math
+import secrets
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InputError
 from .paths import contained, read_text, regular_file
@@ -22,6 +23,8 @@ MAX_PROMPT_CHARS = 200_000
 MAX_STEPS = 1000
 MAX_REFINER_STEPS = 50
 MAX_SEED = 2**63 - 1
+RANDOM_SEED = -1  # asked for in the studio: a seed is drawn, and the run records the drawn one
+DRAWN_SEED_BOUND = 2**31  # drawn seeds stay below it, short enough to read out and type back
 IMAGE_MIN_SIDE = 16
 IMAGE_MAX_SIDE = 8192
 IMAGE_MAX_ASPECT = 8.0
@@ -35,21 +38,33 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
 
-    mode: Literal["t2va", "i2va"] = "t2va"
-    prompt: str
-    prompt_file: str | None = None
-    image: str | None = None
-    negative_prompt: str | None = None
-    seed: int = 42
-    tier: str = "272p"
-    steps: int | None = None
-    refiner_steps: int | None = None
-    video_cfg: float = 5.0
-    audio_cfg: float = 7.0
-    compile: CompileMode | None = None
-    deterministic: bool = True
-    output_width: int | None = None  # None: the tier's generated size
-    output_height: int | None = None
+    # title and description are the studio form's label and help text (studio/form.py derives its fields here).
+    mode: Literal["t2va", "i2va"] = Field("t2va", title="Mode")
+    prompt: str = Field(title="Prompt")
+    prompt_file: str | None = Field(None, title="Prompt file", description="UTF-8 text or JSON, read as it is")
+    image: str | None = Field(None, title="First-frame image", description="JPEG or PNG, for I2VA")
+    negative_prompt: str | None = Field(None, title="Negative prompt",
+                                        description="blank: the engine's (upstream's default negative prompt)")
+    seed: int = Field(42, title="Seed", description="-1 draws a random seed; the drawn one is recorded")
+    tier: str = Field("272p", title="Tier")
+    steps: int | None = Field(None, title="Steps", description="denoising steps; blank: the engine's default")
+    refiner_steps: int | None = Field(None, title="Refiner steps (1080p)",
+                                      description="the 1080p refiner's steps; blank: the engine's default")
+    video_cfg: float = Field(5.0, title="Video CFG scale", description=(
+        "classifier-free guidance for the picture: higher follows the prompt more closely, "
+        "too high over-saturates; 0 to 50"))
+    audio_cfg: float = Field(7.0, title="Audio CFG scale", description=(
+        "classifier-free guidance for the sound track: higher follows the prompt more closely; 0 to 50"))
+    compile: CompileMode | None = Field(None, title="Compile mode", description=(
+        "torch.compile: static and dynamic compile once (slow first run, faster steps), eager never "
+        "compiles; blank: the engine's default"))
+    deterministic: bool = Field(True, title="Deterministic", description=(
+        "torch's deterministic algorithms: the same request on the same layout and machine gives "
+        "identical output hashes"))
+    output_width: int | None = Field(None, title="Output width",
+                                     description="delivered width; blank: the tier's generated size")
+    output_height: int | None = Field(None, title="Output height", description=(
+        "delivered height; blank: the tier's generated size (1080p generates 1088; 1080 resizes it)"))
 
     @field_validator("seed", "steps", "refiner_steps", "output_width", "output_height", mode="before")
     @classmethod
@@ -80,6 +95,11 @@ class Request(BaseModel):
             file = contained(data["prompt_file"], root, "prompt_file")
             data = {**data, "prompt": read_prompt_file(file), "prompt_file": str(file)}
         return build_request(**data)
+
+
+def draw_seed() -> int:
+    """A fresh random seed (from the OS's entropy, not torch's or Python's seeded generators)."""
+    return secrets.randbelow(DRAWN_SEED_BOUND)
 
 
 def whole_number(value: Any, field: str) -> Any:

@@ -45,6 +45,16 @@ def create_app(engine: Engine, outputs_root: Path, *, max_waiting: int = 32, pre
     return demo, ctx
 
 
+def theme() -> gr.themes.Base:
+    """Gradio's Soft theme with text that meets WCAG AA (4.5:1) in both themes; as measured in Chromium,
+    Soft's label chips were 3.63:1, placeholders 2.54:1, and info text and the footer 2.43:1 in the light theme."""
+    return gr.themes.Soft().set(
+        block_label_text_color="*primary_700", block_title_text_color="*primary_700",
+        input_placeholder_color="*neutral_500", input_placeholder_color_dark="*neutral_300",
+        body_text_color_subdued="*neutral_600",
+    )
+
+
 def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -> dict[str, Any]:
     """Keyword arguments for ``demo.launch``: served paths, theme and CSS, threads, login."""
     disabled = [tier for tier, reason in ctx.capabilities.tiers.items() if reason]
@@ -53,9 +63,13 @@ def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -
     return {
         "allowed_paths": [str(ctx.outputs_root), str(ASSETS)],
         "css": css,
-        "theme": gr.themes.Soft(),
+        "theme": theme(),
         # Waiting followers each hold a worker thread; leave room for the page's other events.
         "max_threads": ctx.slot.max_waiting + 24,
         "auth": auth,
         "max_file_size": MAX_UPLOAD_BYTES,
+        # Gradio's browser-side run history (its footer "Runs" page) cannot show this app's outputs
+        # (it printed "[object Object]" and raw update dicts); History is the record here.
+        "run_history": False,
+        "js": (ASSETS / "studio.js").read_text(encoding="utf-8"),
     }

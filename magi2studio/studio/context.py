@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from gradio.utils import get_upload_folder
 
@@ -17,6 +18,11 @@ from .slot import EngineSlot
 ASSETS = Path(__file__).with_name("assets")
 SCRATCH_CAP_BYTES = 512 * 1024 * 1024  # run-folder zips kept for download; a 272p run zips to about 2 MB
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # Gradio refuses larger uploads (first frames, sets, prompts are far smaller)
+
+
+def report_links(folder: Path, names: tuple[str, ...]) -> str:
+    """Markdown download links to report files in ``folder`` (under the outputs root, which the app serves)."""
+    return ", ".join(f"[{name}](gradio_api/file={quote(str(Path(folder) / name))})" for name in names)
 
 
 @dataclass

@@ -6,34 +6,58 @@ which error line of the form shows it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from ..engines.base import Capabilities, Engine, Plan
 from ..errors import InputError
-from ..layouts import PRESETS, Layout, check_shape, memory_fit_line, parse_layout
+from ..layouts import PRESETS, Layout, check_shape, parse_layout
 from ..paths import inside
-from ..request import build_request, check_image, read_prompt_file, whole_number
-from ..tiers import get_tier
+from ..request import RANDOM_SEED, Request, build_request, check_image, draw_seed, read_prompt_file, whole_number
 
 CUSTOM = "custom"
 ENGINE_DEFAULT = "engine default"
 
-# The form's request fields, in the order the generate event (page and API) takes them.
-FIELDS = ("mode", "prompt", "prompt_file", "image", "negative_prompt", "seed", "tier", "steps",
-          "refiner_steps", "video_cfg", "audio_cfg", "compile", "deterministic",
-          "layout_preset", "sp", "cfg", "ep")
+# The form's fields, in the order the generate event (page and API) takes them: the request
+# model's fields (so a field added to Request reaches the page), then the layout's.
+REQUEST_FIELDS: tuple[str, ...] = tuple(Request.model_fields)
+LAYOUT_FIELDS = ("layout_preset", "sp", "cfg", "ep")
+FIELDS = (*REQUEST_FIELDS, *LAYOUT_FIELDS)
+# Optional whole numbers: text fields on the page, blank meaning the engine's default.
+OPTIONAL_WHOLE = tuple(name for name, info in Request.model_fields.items() if info.annotation == int | None)
 
-# Which error line of the form shows a refusal of each field; anything else shows under the button.
-BOXES = ("prompt", "image", "sampling", "tier", "layout", "general")
-_BOX_OF = {"mode": "prompt", "prompt": "prompt", "prompt_file": "prompt", "negative_prompt": "prompt",
-           "image": "image", "seed": "sampling", "steps": "sampling", "refiner_steps": "sampling",
-           "video_cfg": "sampling", "audio_cfg": "sampling", "compile": "sampling",
-           "deterministic": "sampling", "tier": "tier", "layout": "layout"}
+# Which error line of the form shows a refusal of each field: the groups of the page, each line
+# next to its fields; anything else shows under the button. The layout's line is its live verdict.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "prompt": ("mode", "prompt", "prompt_file", "negative_prompt"),
+    "image": ("image",),
+    "sampling": ("seed", "steps", "refiner_steps"),
+    "advanced": ("video_cfg", "audio_cfg", "compile", "deterministic", "output_width", "output_height"),
+    "tier": ("tier",),
+    "layout": ("layout", *LAYOUT_FIELDS),
+}
+BOXES = ("prompt", "image", "sampling", "advanced", "tier", "general")
+_BOX_OF = {field: box for box, names in GROUPS.items() for field in names}
 
 
 def box_for(field: str) -> str:
     return _BOX_OF.get(field.split(".")[0], "general")
+
+
+def label(name: str) -> str:
+    """A request field's label on the page: the model's title."""
+    return Request.model_fields[name].title or name
+
+
+def help_text(name: str) -> str | None:
+    """A request field's help on the page: the model's description."""
+    return Request.model_fields[name].description
+
+
+def default(name: str) -> Any:
+    return Request.model_fields[name].default
 
 
 def _blank(value: Any) -> bool:
@@ -66,6 +90,28 @@ def layout_to_form(layout: dict[str, Any]) -> tuple[str, int, int, int | None]:
     return preset, layout["ulysses_degree"], layout["cfg_parallel_size"], layout["expert_parallel_size"]
 
 
+def _to_form(name: str, value: Any) -> Any:
+    """A manifest's request value as its form field holds it."""
+    if name == "prompt_file":
+        return None  # the prompt itself comes back; an upload cannot be refilled
+    if name == "image":
+        return value  # a file component takes a path or None, never ""
+    if name == "compile":
+        return value or ENGINE_DEFAULT
+    if name in OPTIONAL_WHOLE:
+        return "" if value is None else str(value)
+    return "" if value is None else value
+
+
+def values_from_manifest(manifest: dict[str, Any]) -> list[Any]:
+    """Form values (in :data:`FIELDS` order) that repeat a run: the replay path."""
+    request = manifest["request"]
+    values = {name: _to_form(name, request.get(name)) for name in REQUEST_FIELDS}
+    preset, sp, cfg, ep = layout_to_form(manifest["layout"])
+    values.update(layout_preset=preset, sp=sp, cfg=cfg, ep="" if ep is None else str(ep))
+    return [values[name] for name in FIELDS]
+
+
 def file_path(value: Any) -> str | None:
     """A Gradio file value (path string or FileData-like dict) as a path."""
     if _blank(value):
@@ -92,6 +138,29 @@ def upload_path(value: Any, field: str, uploads: Path | None) -> str | None:
     return path
 
 
+def _naming_the_file(err: InputError, path: str) -> InputError:
+    """The refusal naming the user's file, not Gradio's temp copy (an upload keeps its name as the basename)."""
+    return InputError(err.field, err.problem.replace(str(path), Path(path).name), err.fix)
+
+
+def read_uploaded_prompt(path: str) -> str:
+    try:
+        return read_prompt_file(path)
+    except InputError as err:
+        raise _naming_the_file(err, path) from None
+
+
+def check_image_upload(path: str | None) -> str:
+    """The image line under the upload: its size, or the refusal."""
+    if path is None:
+        return ""
+    try:
+        width, height = check_image(path)
+    except InputError as err:
+        raise _naming_the_file(err, path) from None
+    return f"{Path(path).name}: {width}x{height}"
+
+
 def _choice(value: Any, field: str, choices: tuple[str, ...] | list[str], default: str) -> str:
     if _blank(value):
         return default
@@ -108,43 +177,59 @@ def _flag(value: Any, field: str) -> bool:
     return value
 
 
+def _request_fields(values: dict[str, Any], capabilities: Capabilities, uploads: Path | None) -> dict[str, Any]:
+    """The request model's fields from the form's values: blank means the model's (or engine's) default."""
+    fields: dict[str, Any] = {}
+    for name in REQUEST_FIELDS:
+        value = values.get(name)
+        if name == "prompt":
+            fields[name] = value  # blank is refused as an empty prompt, not read as "the default"
+        elif name in ("prompt_file", "image"):
+            fields[name] = upload_path(value, name, uploads)
+        elif name == "compile":
+            mode = _choice(value, name, (ENGINE_DEFAULT, *capabilities.compile_modes), ENGINE_DEFAULT)
+            fields[name] = None if mode == ENGINE_DEFAULT else mode
+        elif name == "deterministic":
+            fields[name] = _flag(value, name)
+        elif name in OPTIONAL_WHOLE or name == "seed":
+            fields[name] = _whole(value, name)
+        else:
+            fields[name] = None if _blank(value) else value
+    return fields
+
+
 def plan_from_form(values: dict[str, Any], capabilities: Capabilities, engine: Engine,
                    uploads: Path | None = None) -> Plan:
     """Validate the form and return the engine's plan for it (request, tier, layout, warnings); raise InputError.
 
     ``values`` may be raw API payloads: every field is checked here, in the CLI's words, and
-    files must lie in ``uploads`` (the studio's upload folder) when it is given.
+    files must lie in ``uploads`` (the studio's upload folder) when it is given. Seed -1 draws
+    a seed: the request holds the drawn one, the plan's resolved settings record ``seed_asked``.
     """
     prompt = values.get("prompt") or ""
     if not isinstance(prompt, str):
         raise InputError("prompt", "must be text", "send the prompt as a string")
-    prompt_file = upload_path(values.get("prompt_file"), "prompt_file", uploads)
-    prompt_file_name = None
-    if prompt_file is not None:
-        text = read_prompt_file(prompt_file)
-        prompt_file_name = Path(prompt_file).name
-        if not prompt.strip():
-            prompt = text
     mode = values.get("mode") or "t2va"
-    image = upload_path(values.get("image"), "image", uploads) if mode == "i2va" else None
-    compile_mode = _choice(values.get("compile"), "compile", (ENGINE_DEFAULT, *capabilities.compile_modes),
-                           ENGINE_DEFAULT)
-    fields = {
-        "mode": mode,
-        "prompt": prompt,
-        "prompt_file": prompt_file_name,
-        "image": image,
-        "negative_prompt": None if _blank(values.get("negative_prompt")) else values["negative_prompt"],
-        "seed": _whole(values.get("seed"), "seed"),
-        "tier": values.get("tier") or "272p",
-        "steps": _whole(values.get("steps"), "steps"),
-        "refiner_steps": _whole(values.get("refiner_steps"), "refiner_steps"),
-        "video_cfg": values.get("video_cfg"),
-        "audio_cfg": values.get("audio_cfg"),
-        "compile": None if _blank(compile_mode) or compile_mode == ENGINE_DEFAULT else compile_mode,
-        "deterministic": _flag(values.get("deterministic", True), "deterministic"),
-    }
-    request = build_request(**{k: v for k, v in fields.items() if v is not None or k in ("prompt_file", "image")})
+    # A first frame left in the hidden upload of a T2VA form is not part of the request.
+    fields = _request_fields({**values, "prompt": prompt, "mode": mode, **({} if mode == "i2va" else {"image": None})},
+                             capabilities, uploads)
+    if fields["prompt_file"] is not None:
+        text = read_uploaded_prompt(fields["prompt_file"])
+        fields["prompt_file"] = Path(fields["prompt_file"]).name
+        if not prompt.strip():
+            fields["prompt"] = text
+    asked_random = fields["seed"] == RANDOM_SEED
+    if asked_random:
+        fields["seed"] = draw_seed()
+    try:
+        request = build_request(**{k: v for k, v in fields.items()
+                                   if v is not None or k in ("prompt_file", "image")})
+    except InputError as err:
+        if err.field == "image" and fields["image"]:
+            raise _naming_the_file(err, fields["image"]) from None
+        if err.field == "seed":
+            raise InputError("seed", err.problem, f"{err.fix}, or -1 for a random seed") from None
+        raise
     reason = capabilities.tiers.get(request.tier)
     if reason:
         raise InputError("tier", f"{request.tier} cannot run here: {reason}", "pick a tier that is not greyed out")
@@ -152,29 +237,7 @@ def plan_from_form(values: dict[str, Any], capabilities: Capabilities, engine: E
         raise InputError("compile", f"{capabilities.engine} has no compile mode {request.compile!r}",
                          f"use one of {', '.join(capabilities.compile_modes)}")
     layout = layout_from_form(values.get("layout_preset"), values.get("sp"), values.get("cfg"), values.get("ep"))
-    return engine.plan(request, layout)
-
-
-def layout_report(values: dict[str, Any], capabilities: Capabilities, engine: Engine, gpu_gib: float) -> str:
-    """The live layout line: the check's verdict, warnings, memory fit, and a restart notice."""
-    try:
-        layout = layout_from_form(values.get("layout_preset"), values.get("sp"), values.get("cfg"), values.get("ep"))
-        warnings = engine.check_layout(layout, get_tier(values.get("tier") or "272p"))
-    except InputError as err:
-        return f"✗ {err}"
-    lines = [f"✓ {layout.name}: world size {layout.world_size}, MoE heads split {layout.moe_shards} ways on "
-             f"{capabilities.engine}"]
-    lines += [f"⚠ {warning}" for warning in warnings]
-    lines.append(f"Real checkpoint, per GPU: {memory_fit_line(layout, gpu_gib)}")
-    current = engine.layout
-    if current is not None and current != layout:
-        lines.append(f"↻ Generating will restart the engine: it runs {current.name} now, this is {layout.name}.")
-    return "\n\n".join(lines)
-
-
-def check_image_upload(path: str | None) -> str:
-    """The image line under the upload: its size, or the refusal."""
-    if path is None:
-        return ""
-    width, height = check_image(path)
-    return f"{Path(path).name}: {width}x{height}"
+    plan = engine.plan(request, layout)
+    if asked_random:
+        plan = replace(plan, resolved=MappingProxyType({**plan.resolved, "seed_asked": RANDOM_SEED}))
+    return plan

@@ -8,16 +8,18 @@ from typing import Any
 
 import pandas as pd
 
+from ..request import RANDOM_SEED
 from ..runs import RunFolder
 from ..timing import EXCLUDED_STEPS, read_jsonl, slowest_rank_per_step
 
-TIMING_COLUMNS = ["step", "ms", "series"]
+TIMING_COLUMNS = ["step", "ms", "series", "stage", "kind"]
 
 
 def timing_frame(records: list[dict]) -> pd.DataFrame:
     """Per-step times for the plot: the slowest rank per step, each rank, and the excluded steps.
 
-    Steps 0 and 1 get their own series so the plot shows them apart from what the metric uses.
+    Steps 0 and 1 get their own series so the plot shows them apart from what the metric uses;
+    ``kind`` is ``slowest``, ``rank`` or ``excluded`` (how the plot draws the series).
     """
     rows: list[dict[str, Any]] = []
     stages = sorted({r["stage"] for r in records}, key=lambda s: (s != "preview", s))
@@ -26,13 +28,15 @@ def timing_frame(records: list[dict]) -> pd.DataFrame:
         # With one rank its line is the slowest-rank line; drawing both would hide one.
         slowest_name = f"{stage} slowest rank" if len(ranks) > 1 else f"{stage} rank {ranks[0]} (the only rank)"
         for step, ms in slowest_rank_per_step(records, stage).items():
-            series = f"{stage} steps 0-1 (excluded)" if step in EXCLUDED_STEPS else slowest_name
-            rows.append({"step": step, "ms": ms, "series": series})
+            excluded = step in EXCLUDED_STEPS
+            series = f"{stage} steps 0-1 (excluded)" if excluded else slowest_name
+            rows.append({"step": step, "ms": ms, "series": series, "stage": stage,
+                         "kind": "excluded" if excluded else "slowest"})
         if len(ranks) > 1:
             for record in records:
                 if record["stage"] == stage:
                     rows.append({"step": record["step"], "ms": float(record["ms"]),
-                                 "series": f"{stage} rank {record['rank']}"})
+                                 "series": f"{stage} rank {record['rank']}", "stage": stage, "kind": "rank"})
     return pd.DataFrame(rows, columns=TIMING_COLUMNS)
 
 
@@ -62,7 +66,8 @@ def headline(run: RunFolder) -> str:
     m = run.manifest
     request, resolved, output = m["request"], m.get("resolved", {}), m.get("output", {})
     steps = resolved.get("steps", request.get("steps"))
-    return (f"**{run.path.name}** · {request['mode'].upper()} {request['tier']} · seed **{request['seed']}** · "
+    drawn = " (drawn at random: -1 was asked)" if resolved.get("seed_asked") == RANDOM_SEED else ""
+    return (f"**{run.path.name}** · {request['mode'].upper()} {request['tier']} · seed **{request['seed']}**{drawn} · "
             f"{steps} steps · layout {m['layout']['name']} · {output.get('width')}x{output.get('height')} "
             f"{output.get('frames')} frames @ {output.get('fps')} fps · frames sha256 "
             f"`{m['hashes']['frames_sha256'][:16]}…`")

@@ -13,9 +13,9 @@ import gradio as gr
 
 from ..ab import BIT_IDENTICAL, check_pairs, parse_side, run_ab
 from ..errors import Cancelled, InputError
-from ..request import build_request
+from ..request import build_request, whole_number
 from .background import TERMINAL, BackgroundJobs
-from .context import StudioContext
+from .context import StudioContext, report_links
 
 TAB_ID = "ab"
 COLUMNS = ["#", "side", "pair", "status", "gate ms/step", "engine start ms", "frames sha256", "pcm sha256"]
@@ -33,17 +33,24 @@ def run_rows(runs) -> list[list]:
 
 
 def verdict_text(report: dict) -> str:
+    """The verdict as a block: outputs, then time (with a warning where one pair cannot show a spread)."""
     identity, timing = report["identity"], report["timing"]
-    lines = [f"**Outputs: {identity['verdict']}**"]
+    lines = ["### Verdict", f"**Outputs: {identity['verdict']}**"]
     if identity["verdict"] != BIT_IDENTICAL:
         lines += [f"- {group}: {', '.join(names)}" for group, names in identity.get("groups", {}).items()]
+    lines.append("")
     if "median_ratio" in timing:
-        lines.append(f"**candidate/control: median {timing['median_ratio']:.4f}** (range {timing['min_ratio']:.4f}-"
-                     f"{timing['max_ratio']:.4f}, spread {timing['spread_pct']:.2f}%) "
-                     f"over {timing['compared_pairs']} pairs")
+        lines += ["**Time, candidate / control**", "",
+                  "| median | range | spread | pairs compared |", "| --- | --- | --- | --- |",
+                  f"| {timing['median_ratio']:.4f} | {timing['min_ratio']:.4f} to {timing['max_ratio']:.4f} | "
+                  f"{timing['spread_pct']:.2f}% | {timing['compared_pairs']} |"]
+        if timing["compared_pairs"] < 2:
+            lines += ["", "⚠ One pair only: its spread is 0% by construction and says nothing about noise. "
+                          "Run 3 or more pairs before trusting the ratio."]
     else:
         lines.append(timing["note"])
-    lines += [f"- excluded {text}" for text in timing["excluded"]]
+    if timing["excluded"]:
+        lines += ["", "**Excluded from the time comparison**"] + [f"- {text}" for text in timing["excluded"]]
     return "\n".join(lines)
 
 
@@ -62,7 +69,7 @@ def build(ctx: StudioContext) -> None:
                 tier = gr.Dropdown([t for t, why in ctx.capabilities.tiers.items() if not why], value="272p",
                                    label="Tier")
                 seed = gr.Number(42, precision=0, label="Seed")
-                steps = gr.Number(None, precision=0, label="Steps (empty: engine default)")
+                steps = gr.Textbox("", label="Steps", placeholder="blank: engine default")
                 pairs = gr.Number(3, precision=0, label="Pairs")
         with gr.Row():
             control = gr.Textbox(label="Control", lines=3, placeholder=SETTING_HELP)
@@ -84,7 +91,7 @@ def build(ctx: StudioContext) -> None:
             count = check_pairs(int(pairs_value) if pairs_value is not None else 0)
             base = build_request(prompt=prompt_value or "", tier=tier_value,
                                  seed=int(seed_value if seed_value is not None else 42),
-                                 steps=int(steps_value) if steps_value else None)
+                                 steps=whole_number(steps_value if steps_value not in ("", None) else None, "steps"))
             sides = (parse_side("control", setting_lines(control_value), layout_value),
                      parse_side("candidate", setting_lines(candidate_value), layout_value))
         except (InputError, ValueError) as err:
@@ -109,7 +116,7 @@ def build(ctx: StudioContext) -> None:
         if kind != "finished":
             yield f"**{kind}**: {first}", gr.skip(), gr.skip()
             return
-        yield f"**done**. Reports: `{out / 'ab.md'}`, `ab.json`", gr.skip(), verdict_text(first)
+        yield f"**done**. Reports: {report_links(out, ('ab.md', 'ab.json'))}", gr.skip(), verdict_text(first)
 
     def stop_pairs(request: gr.Request):
         if not jobs.stop(request.session_hash or "anonymous"):

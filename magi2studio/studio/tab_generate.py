@@ -7,9 +7,10 @@ gradio_client go through the same function, so they get the same validation.
 from __future__ import annotations
 
 import html
+import inspect
 import logging
-import random
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,16 +19,16 @@ import gradio as gr
 
 from ..errors import InputError
 from ..layouts import PRESETS
-from ..request import MAX_SEED, read_prompt_file
+from ..request import RANDOM_SEED, draw_seed
 from ..tiers import TIERS
 from . import form as F
 from . import job_panel, session_state
+from . import layout_picker as LP
 from .context import StudioContext
 
 log = logging.getLogger(__name__)
 
 TAB_ID = "generate"
-RANDOM_SEED_MAX = 2**31 - 1
 
 
 @dataclass
@@ -40,18 +41,7 @@ class GenerateForm:
 
     def values_from_manifest(self, manifest: dict[str, Any]) -> list[Any]:
         """Form values (in ``fields`` order) that repeat a run: the replay path."""
-        request = manifest["request"]
-        preset, sp, cfg, ep = F.layout_to_form(manifest["layout"])
-        image = request.get("image")
-        by_name = {
-            "mode": request["mode"], "prompt": request["prompt"], "prompt_file": None,
-            "image": image, "negative_prompt": request.get("negative_prompt") or "",
-            "seed": request["seed"], "tier": request["tier"], "steps": _text(request.get("steps")),
-            "refiner_steps": _text(request.get("refiner_steps")), "video_cfg": request["video_cfg"],
-            "audio_cfg": request["audio_cfg"], "compile": request.get("compile") or F.ENGINE_DEFAULT,
-            "deterministic": request["deterministic"], "layout_preset": preset, "sp": sp, "cfg": cfg, "ep": _text(ep),
-        }
-        return [by_name[name] for name in F.FIELDS]
+        return F.values_from_manifest(manifest)
 
 
 def uploads_only(component: gr.File, field: str) -> gr.File:
@@ -75,8 +65,21 @@ def uploads_only(component: gr.File, field: str) -> gr.File:
     return component
 
 
-def _text(value: int | None) -> str:
-    return "" if value is None else str(value)
+def _one_parameter_per_field(fn: Callable[[dict[str, Any], gr.Request], Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """``fn(form_values, request)`` as Gradio calls an event: one parameter per :data:`form.FIELDS` name
+    (the /generate endpoint's parameter names), then ``request``; so the signature follows the request model."""
+    parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in F.FIELDS]
+    signature = inspect.Signature([*parameters, inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                                  annotation=gr.Request)])
+
+    def event(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        bound = signature.bind(*args, **kwargs).arguments
+        yield from fn({name: bound[name] for name in F.FIELDS}, bound["request"])
+
+    event.__signature__ = signature  # type: ignore[attr-defined]
+    event.__annotations__ = {"request": gr.Request}
+    event.__doc__, event.__name__ = fn.__doc__, fn.__name__
+    return event
 
 
 def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False) -> str:
@@ -86,69 +89,102 @@ def _progress_html(line: str, fraction: float | None = None, *, busy: bool = Fal
     return f'<div class="m2s-progress">{bar}<span>{html.escape(line)}</span></div>'
 
 
-def _error_line(text: str) -> gr.Markdown:
-    return gr.Markdown(value=text, visible=bool(text))
+def _error_line(text: str, box: str | None = None) -> gr.Markdown:
+    """An error line's value; with ``box``, the line itself (built once, next to its fields)."""
+    where = {"elem_id": f"error-{box}", "elem_classes": ["m2s-error"]} if box else {}
+    return gr.Markdown(value=text, visible=bool(text), **where)
+
+
+def _text_field(name: str, placeholder: str, **options: Any) -> gr.Textbox:
+    """An optional whole number of the request: blank means the engine's default (shown as the placeholder)."""
+    return gr.Textbox(value="", label=F.label(name), placeholder=placeholder, **options)
 
 
 def build(ctx: StudioContext) -> None:
     caps = ctx.capabilities
+    first_tier = _first_runnable_tier(caps)
+    states = LP.preset_states(ctx.engine, TIERS[first_tier])
+    first_preset = LP.default_preset(ctx.engine, ctx.slot.preload, states)
+    first_sp, first_cfg, first_ep = LP.fields_for(first_preset, ctx.engine.layout or ctx.slot.preload)
     with gr.Tab("Generate", id=TAB_ID):
         status = gr.Markdown(_status_text(ctx), elem_id="engine-status")
         with gr.Row():
             with gr.Column(scale=3):
                 mode = gr.Radio([("T2VA: text to video + audio", "t2va"), ("I2VA: first frame + text", "i2va")],
-                                value="t2va", label="Mode", elem_id="mode")
-                image = uploads_only(gr.File(label="First-frame image (JPEG or PNG)", visible=False,
+                                value=F.default("mode"), label=F.label("mode"), elem_id="mode")
+                image = uploads_only(gr.File(label=f"{F.label('image')} ({F.help_text('image')})", visible=False,
                                              elem_id="image-file"), "image")
                 image_preview = gr.Image(label="First frame", visible=False, interactive=False, height=160)
-                errors = {"image": _error_line("")}
-                prompt = gr.Textbox(label="Prompt", lines=8, max_lines=24, elem_id="prompt",
-                                    placeholder="Describe the clip, or load one of the published prompt files")
-                prompt_file = uploads_only(gr.File(label="Load a prompt file (UTF-8 text or JSON)",
-                                                   elem_id="prompt-file", height=90), "prompt_file")
-                errors["prompt"] = _error_line("")
-                with gr.Accordion("Advanced", open=False):
-                    negative = gr.Textbox(label="Negative prompt", lines=2)
-                panel = job_panel.build(ctx)  # fills the column's free space, above the fold at 1440x900
-            with gr.Column(scale=2):
-                with gr.Row():
-                    seed = gr.Number(value=42, label="Seed", precision=None, minimum=0, maximum=MAX_SEED,
-                                     elem_id="seed")
-                    random_seed = gr.Button("random seed", size="sm", scale=0)
-                with gr.Row():
-                    steps = gr.Textbox(value="", label="Steps", placeholder=f"engine default: {caps.default_steps}",
-                                       elem_id="steps")
-                    refiner_steps = gr.Textbox(value="", label="Refiner steps (1080p)",
-                                               placeholder=f"engine default: {caps.default_refiner_steps}")
-                with gr.Row():
-                    video_cfg = gr.Number(value=5.0, label="Video CFG scale")
-                    audio_cfg = gr.Number(value=7.0, label="Audio CFG scale")
-                with gr.Row():
-                    compile_mode = gr.Dropdown([F.ENGINE_DEFAULT, *caps.compile_modes], value=F.ENGINE_DEFAULT,
-                                               label=f"Compile mode (engine default: {caps.default_compile})")
-                    deterministic = gr.Checkbox(value=True, label="Deterministic")
-                errors["sampling"] = _error_line("")
-                tier = gr.Radio([(_tier_label(name, caps.tiers.get(name)), name) for name in TIERS],
-                                value=_first_runnable_tier(caps), label="Tier", elem_id="tier")
-                unavailable = [f"{name}: {reason}" for name, reason in caps.tiers.items() if reason]
-                gr.Markdown("\n\n".join(f"⊘ {line}" for line in unavailable), visible=bool(unavailable))
-                errors["tier"] = _error_line("")
-                with gr.Group():
-                    preset = gr.Dropdown([(f"{name}: {why}", name) for name, (_, why) in PRESETS.items()]
-                                         + [("custom SP / CFG / EP", F.CUSTOM)],
-                                         value=_default_preset(ctx), label="Layout", elem_id="layout-preset")
-                    with gr.Row():
-                        sp = gr.Number(value=1, label="SP (Ulysses)", precision=None, interactive=False)
-                        cfg = gr.Number(value=1, label="CFG", precision=None, interactive=False)
-                        ep = gr.Textbox(value="", label="EP", placeholder="blank: heads follow SP",
-                                        interactive=False)
-                layout_line = gr.Markdown(elem_id="layout-check")
-                errors["layout"] = _error_line("")
+                errors = {"image": _error_line("", "image")}
+                prompt = gr.Textbox(label=F.label("prompt"), lines=8, max_lines=24, elem_id="prompt",
+                                    placeholder="Describe the clip, or load one of the published prompt files "
+                                                "(Ctrl+Enter generates)")
+                prompt_file = uploads_only(gr.File(label=f"Load a {F.label('prompt_file').lower()} "
+                                                         f"({F.help_text('prompt_file')})",
+                                                   elem_id="prompt-file", height=140), "prompt_file")
+                errors["prompt"] = _error_line("", "prompt")
+                # Under the prompt, so it stays above the fold at 1440x900 with the layout's verdict.
                 with gr.Row():
                     generate = gr.Button("Generate", variant="primary", elem_id="generate")
                     cancel = gr.Button("Cancel", variant="stop", elem_id="cancel")
-                errors["general"] = _error_line("")
+                errors["general"] = _error_line("", "general")
                 progress = gr.HTML(_progress_html("idle"), elem_id="progress")
+                with gr.Accordion(F.label("negative_prompt"), open=False, elem_id="negative-accordion"):
+                    negative = gr.Textbox(label=F.label("negative_prompt"), lines=2, elem_id="negative-prompt",
+                                          placeholder=F.help_text("negative_prompt"))
+                panel = job_panel.build(ctx)  # the job list fills the column's free space
+            with gr.Column(scale=2):
+                with gr.Row(equal_height=True):
+                    seed = gr.Number(value=F.default("seed"), label=f"{F.label('seed')} (-1: random)",
+                                     precision=None, elem_id="seed", scale=2, min_width=120)
+                    with gr.Column(scale=1, min_width=150):
+                        new_seed = gr.Checkbox(value=False, label="new seed every run", elem_id="new-seed",
+                                               container=False)
+                        random_seed = gr.Button("random seed", size="sm")
+                with gr.Row():
+                    steps = _text_field("steps", f"blank: engine default, {caps.default_steps}", elem_id="steps")
+                    refiner_steps = _text_field("refiner_steps", f"blank: engine default, {caps.default_refiner_steps}",
+                                                elem_id="refiner-steps")
+                errors["sampling"] = _error_line("", "sampling")
+                tier = gr.Radio([(_tier_label(name, caps.tiers.get(name)), name) for name in TIERS],
+                                value=first_tier, label=F.label("tier"), elem_id="tier")
+                unavailable = [f"{name}: {reason}" for name, reason in caps.tiers.items() if reason]
+                gr.Markdown("\n\n".join(f"⊘ {line}" for line in unavailable), visible=bool(unavailable))
+                errors["tier"] = _error_line("", "tier")
+                with gr.Group():
+                    preset = gr.Dropdown(LP.choices(states), value=first_preset, label="Layout",
+                                         elem_id="layout-preset",
+                                         info=f"{LP.REFUSED_MARK} marks a layout this engine cannot run, with why")
+                    with gr.Row():
+                        custom = first_preset == F.CUSTOM
+                        sp = gr.Number(value=first_sp, label="SP (Ulysses)", precision=None, interactive=custom,
+                                       elem_id="layout-sp", min_width=90)
+                        cfg = gr.Number(value=first_cfg, label="CFG", precision=None, interactive=custom,
+                                        elem_id="layout-cfg", min_width=90)
+                        ep = gr.Textbox(value=first_ep, label="EP", placeholder="blank: follows SP",
+                                        interactive=custom, elem_id="layout-ep", min_width=90)
+                # The layout's one verdict: the live check, and a Generate refusal of the layout.
+                layout_line = gr.Markdown(elem_id="layout-check")
+                errors["layout"] = layout_line
+                with gr.Accordion("Advanced: guidance, compile mode, determinism, output size", open=False,
+                                  elem_id="advanced"):
+                    with gr.Row():
+                        video_cfg = gr.Number(value=F.default("video_cfg"), label=F.label("video_cfg"),
+                                              info=F.help_text("video_cfg"), elem_id="video-cfg")
+                        audio_cfg = gr.Number(value=F.default("audio_cfg"), label=F.label("audio_cfg"),
+                                              info=F.help_text("audio_cfg"), elem_id="audio-cfg")
+                    with gr.Row():
+                        compile_label = f"{F.label('compile')} (engine default: {caps.default_compile})"
+                        compile_mode = gr.Dropdown([F.ENGINE_DEFAULT, *caps.compile_modes], value=F.ENGINE_DEFAULT,
+                                                   label=compile_label, info=F.help_text("compile"), elem_id="compile")
+                        deterministic = gr.Checkbox(value=F.default("deterministic"), label=F.label("deterministic"),
+                                                    info=F.help_text("deterministic"), elem_id="deterministic")
+                    with gr.Row():
+                        output_width = _text_field("output_width", "the tier's generated size",
+                                                   elem_id="output-width")
+                        output_height = _text_field("output_height", "the tier's generated size",
+                                                    elem_id="output-height")
+                errors["advanced"] = _error_line("", "advanced")
         session_state.build(ctx, panel)
         # Inside the Tab: a component between two tabs shifts the later tabs' order in Gradio 6.
         timer = gr.Timer(2.0)
@@ -158,28 +194,41 @@ def build(ctx: StudioContext) -> None:
     fields = {"mode": mode, "prompt": prompt, "prompt_file": prompt_file, "image": image, "negative_prompt": negative,
               "seed": seed, "tier": tier, "steps": steps, "refiner_steps": refiner_steps, "video_cfg": video_cfg,
               "audio_cfg": audio_cfg, "compile": compile_mode, "deterministic": deterministic,
+              "output_width": output_width, "output_height": output_height,
               "layout_preset": preset, "sp": sp, "cfg": cfg, "ep": ep}
+    if set(fields) != set(F.FIELDS):
+        raise RuntimeError(f"the Generate form and the request model disagree: no widget for "
+                           f"{sorted(set(F.FIELDS) - set(fields))}, no field for {sorted(set(fields) - set(F.FIELDS))}")
     ctx.form = GenerateForm(fields=fields, errors=errors, progress=progress)
     inputs = [fields[name] for name in F.FIELDS]
     error_boxes = [errors[name] for name in F.BOXES]
     layout_inputs = [preset, sp, cfg, ep, tier]
 
+    # An old refusal goes when its field changes: only the live verdicts stay.
+    for name, component in fields.items():
+        box = F.box_for(name)
+        if box != "layout" and hasattr(component, "input"):
+            component.input(lambda: (_error_line(""), _error_line("")), None, [errors[box], errors["general"]],
+                            queue=False, api_visibility="private")
+
     def check_layout(preset_value, sp_value, cfg_value, ep_value, tier_value):
         values = {"layout_preset": preset_value, "sp": sp_value, "cfg": cfg_value, "ep": ep_value, "tier": tier_value}
-        return F.layout_report(values, caps, ctx.engine, ctx.gpu_gib)
+        return LP.verdict(values, caps, ctx.engine, ctx.gpu_gib)
 
     def preset_changed(preset_value):
-        custom = preset_value == F.CUSTOM
-        if custom or preset_value not in PRESETS:
+        if preset_value not in PRESETS:  # custom: the fields keep their values and open for editing
             return gr.Number(interactive=True), gr.Number(interactive=True), gr.Textbox(interactive=True)
-        layout = PRESETS[preset_value][0]
-        return (gr.Number(value=layout.sp, interactive=False), gr.Number(value=layout.cfg, interactive=False),
-                gr.Textbox(value="" if layout.ep is None else str(layout.ep), interactive=False))
+        sp_value, cfg_value, ep_value = LP.fields_for(preset_value)
+        return (gr.Number(value=sp_value, interactive=False), gr.Number(value=cfg_value, interactive=False),
+                gr.Textbox(value=ep_value, interactive=False))
 
     preset.change(preset_changed, preset, [sp, cfg, ep], queue=False, api_visibility="private").then(
         check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
     for component in (sp, cfg, ep, tier):
         component.change(check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
+    # What this engine refuses can depend on the tier (1080p's refiner has its own head counts).
+    tier.change(lambda t: gr.Dropdown(choices=LP.choices(LP.preset_states(ctx.engine, TIERS[t])))
+                if t in TIERS else gr.Dropdown(), tier, preset, queue=False, api_visibility="private")
 
     mode.change(lambda m: [gr.File(visible=m == "i2va"), gr.Image(visible=False) if m != "i2va" else gr.Image()],
                 mode, [image, image_preview], queue=False, api_visibility="private")
@@ -199,29 +248,30 @@ def build(ctx: StudioContext) -> None:
         if path is None:
             return gr.Textbox(), _error_line("")
         try:
-            text = read_prompt_file(path)
+            text = F.read_uploaded_prompt(path)
         except InputError as err:
             return gr.Textbox(), _error_line(str(err))
         return gr.Textbox(value=text), _error_line(f"loaded {len(text):,} characters from {Path(path).name}")
 
     prompt_file.upload(prompt_file_loaded, prompt_file, [prompt, errors["prompt"]], api_visibility="private")
-    random_seed.click(lambda: random.randint(0, RANDOM_SEED_MAX), None, seed, queue=False,
-                      api_visibility="private")
+    random_seed.click(draw_seed, None, seed, queue=False, api_visibility="private")
+    # "new seed every run" is seed -1 (each run draws one and records it); the box follows the field.
+    new_seed.input(lambda on, value: RANDOM_SEED if on else (F.default("seed") if value == RANDOM_SEED else value),
+                   [new_seed, seed], seed, queue=False, api_visibility="private")
+    seed.change(lambda value: value == RANDOM_SEED, seed, new_seed, queue=False, api_visibility="private")
 
-    def generate_run(mode, prompt, prompt_file, image, negative_prompt, seed, tier, steps, refiner_steps,
-                     video_cfg, audio_cfg, compile, deterministic, layout_preset, sp, cfg, ep,
-                     request: gr.Request):
+    @_one_parameter_per_field
+    def generate_run(form_values: dict[str, Any], request: gr.Request):
         """Validate, queue, follow: position while waiting, progress while running, then results."""
-        arguments = locals()
-        form_values = {name: arguments[name] for name in F.FIELDS}
         cleared = {box: _error_line("") for box in error_boxes}
         try:
             plan = F.plan_from_form(form_values, caps, ctx.engine, ctx.uploads)
             job = ctx.slot.submit(plan, panel.owner(request), source=panel.source(request))
         except InputError as err:
             yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"✗ {err}"),
-                   progress: _progress_html("refused: fix the field marked above")}
-            raise gr.Error(str(err), print_exception=False) from None
+                   progress: _progress_html("refused: the marked field says why and how to fix it")}
+            # For API clients; the page shows the refusal once, next to its field (no toast).
+            raise gr.Error(str(err), visible=False, print_exception=False) from None
         yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
                                                    f"/cancel_job with this id stops it)")}
         started = time.monotonic()
@@ -240,7 +290,7 @@ def build(ctx: StudioContext) -> None:
             elif update.kind == "refused":
                 yield {errors[F.box_for(update.error.field)]: _error_line(f"✗ {update.error}"),
                        progress: _progress_html("refused by the engine")}
-                raise gr.Error(update.message, print_exception=False)
+                raise gr.Error(update.message, visible=False, print_exception=False)
             elif update.kind == "cancelled":
                 yield {progress: _progress_html(update.message)}
                 raise gr.Error(update.message, title="Cancelled", print_exception=False)
@@ -261,7 +311,7 @@ def build(ctx: StudioContext) -> None:
         return f"job_id: {str(job_id)[:40]!r} is not a waiting or running job. Fix: use the id from the queued line"
 
     def wire() -> None:
-        outputs = [*ctx.results.components, progress, *error_boxes]
+        outputs = [*ctx.results.components, progress, *error_boxes, layout_line]
         # preprocess=False: raw payloads reach generate_run, which refuses bad ones in the CLI's words
         # (Gradio's component checks would answer in theirs, or with no message at all).
         # trigger_mode="multiple": a click while a run goes queues another job (Gradio drops it by default).
@@ -292,18 +342,3 @@ def _tier_label(name: str, reason: str | None) -> str:
 
 def _first_runnable_tier(caps) -> str:
     return next((name for name in TIERS if not caps.tiers.get(name)), "272p")
-
-
-def _default_preset(ctx: StudioContext) -> str:
-    """The layout the engine runs or preloads, else the first preset it takes without warnings
-    (PRESETS lists the MUSA report's fastest layouts first)."""
-    layout = ctx.engine.layout or ctx.slot.preload
-    if layout is not None:
-        return layout.name if layout.name in PRESETS else F.CUSTOM
-    for name, (candidate, _) in PRESETS.items():
-        try:
-            if not ctx.engine.check_layout(candidate, TIERS["272p"]):
-                return name
-        except InputError:
-            continue
-    return F.CUSTOM

@@ -16,10 +16,12 @@ import gradio as gr
 from ..errors import Cancelled, EngineError, InputError, describe_os_error
 from ..layouts import parse_layout
 from ..references import BUNDLED_REFERENCES, load_reference
+from ..request import whole_number
 from ..reproduce import reproduce
 from ..samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
+from ..timing import EXCLUDED_STEPS
 from .background import TERMINAL, BackgroundJobs
-from .context import StudioContext
+from .context import StudioContext, report_links
 
 TAB_ID = "reproduce"
 COLUMNS = ["sample", "status", "mode", "seed", "tier", "steps", "frames sha256", "pcm sha256", "gate ms/step",
@@ -51,9 +53,18 @@ def stage_upload(files: list[str] | None, scratch: Path) -> Path:
     return named[0]
 
 
+def gate_cell(gate_ms: float | None, steps: int | None, status: str) -> float | str:
+    """The gate column: ms/step, or why there is none (the metric drops steps 0 and 1)."""
+    if gate_ms is not None:
+        return round(gate_ms, 1)
+    if steps is not None and steps <= len(EXCLUDED_STEPS):
+        return f"n/a: {steps} steps (the metric needs a step after steps 0 and 1)"
+    return f"n/a ({status})"
+
+
 def rows_of(report: dict) -> list[list]:
     return [[r["name"], r["status"], r["mode"], r["seed"], r["tier"], r["steps"], (r["frames_sha256"] or "")[:16],
-             (r["pcm_sha256"] or "")[:16], round(r["gate_ms"], 1) if r["gate_ms"] is not None else None,
+             (r["pcm_sha256"] or "")[:16], gate_cell(r["gate_ms"], r["steps"], r["status"]),
              r["verdict"] or ""] for r in report["samples"]]
 
 
@@ -69,7 +80,7 @@ def build(ctx: StudioContext) -> None:
             layout = gr.Textbox("sp1-cfg1" if ctx.capabilities.engine == "embedded" else "sp8-cfg1-ep4", label="Layout")
             seed = gr.Number(42, precision=0, label="Seed")
             policy = gr.Radio(list(SEED_POLICIES), value="fixed", label="Seed policy")
-            steps = gr.Number(None, precision=0, label="Steps (empty: engine default)")
+            steps = gr.Textbox("", label="Steps", placeholder="blank: engine default")
         with gr.Row():
             expect = gr.Dropdown(["none", *BUNDLED_REFERENCES], value="none", label="Reference")
             expect_file = gr.File(label="...or a reference file", file_count="single")
@@ -92,7 +103,8 @@ def build(ctx: StudioContext) -> None:
         try:
             set_path = BUNDLED_ALIAS if source_value == BUNDLED_CHOICE else stage_upload(files, ctx.scratch)
             staged = None if set_path == BUNDLED_ALIAS else set_path.parent.parent
-            defaults = {"tier": tier_value, **({"steps": int(steps_value)} if steps_value else {})}
+            steps_number = whole_number(steps_value if steps_value not in ("", None) else None, "steps")
+            defaults = {"tier": tier_value, **({"steps": steps_number} if steps_number is not None else {})}
             sample_set = load_sample_set(set_path, seed=int(seed_value if seed_value is not None else 42),
                                          seed_policy=policy_value, defaults=defaults, skip_missing=skip_value,
                                          root=None if set_path == BUNDLED_ALIAS else set_path.parent.parent)
@@ -165,7 +177,7 @@ def build(ctx: StudioContext) -> None:
                    for r in report["samples"] if r["poster"]]
         summary = ", ".join(f"{k} {v}" for k, v in report["summary"].items() if v)
         footer = "\n".join(f"- {n}" for n in report["cannot_check_here"])
-        yield (f"**done**: {summary}. Reports: `{out / 'report.html'}`, `report.md`, `report.json`",
+        yield (f"**done**: {summary}. Reports: {report_links(out, ('report.html', 'report.md', 'report.json'))}",
                rows_of(report), gallery, footer)
 
     def stop_set(request: gr.Request):

@@ -15,6 +15,7 @@ from ..runs import RunFolder, load_run, manifest_request
 from . import results as R
 from .context import StudioContext
 from .form import FIELDS
+from .timing_plot import timing_html
 
 TAB_ID = "results"
 
@@ -26,7 +27,7 @@ class ResultsView:
     headline: gr.Markdown
     video: gr.Video
     wav: gr.Audio
-    plot: gr.LinePlot
+    plot: gr.HTML
     summary: gr.Dataframe
     manifest: gr.JSON
     download: gr.File
@@ -51,7 +52,7 @@ class ResultsView:
             self.wav: str(run.wav),
             self.manifest: run.manifest,
             self.download: str(self._zip(run)),
-            self.plot: R.load_timing(run),
+            self.plot: timing_html(R.load_timing(run)),
             self.summary: R.summary_frame(run.manifest),
             self.run_path: str(run.path),
         }
@@ -67,10 +68,9 @@ def build(ctx: StudioContext) -> None:
                                  interactive=False, autoplay=False, loop=False)
                 wav = gr.Audio(label="audio.wav", type="filepath", interactive=False, elem_id="result-wav")
             with gr.Column():
-                plot = gr.LinePlot(value=R.timing_frame([]), x="step", y="ms", color="series",
-                                   title="Per-step time (ms): slowest rank and each rank",
-                                   x_title="step", y_title="ms", elem_id="timing-plot", height=400,
-                                   label="per-step timing")
+                gr.Markdown("**Per-step time**: the slowest rank per step (the gate metric drops steps 0-1), "
+                            "and each rank; one panel per stage. Hover a point for its time.")
+                plot = gr.HTML(timing_html(R.timing_frame([])), elem_id="timing-plot")
                 summary = gr.Dataframe(value=R.summary_frame({}), headers=["what", "value"], interactive=False,
                                        label="Timing summary", elem_id="timing-summary", wrap=True,
                                        column_widths=["55%", "45%"])

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from studio_support import CHROMIUM, CHROMIUM_FLAGS
+from studio_support import chromium_page
 
 @dataclass
 class Studio:
@@ -55,13 +55,5 @@ def studio(tmp_path_factory) -> Studio:
 @pytest.fixture
 def page():
     """A page of Debian's Chromium, headless, 1440x1000 (a test may resize it)."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
-        context = browser.new_context(viewport={"width": 1440, "height": 1000})
-        try:
-            yield context.new_page()
-        finally:
-            context.close()
-            browser.close()
+    with chromium_page(1440, 1000) as page:
+        yield page

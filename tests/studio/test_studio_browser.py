@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from studio_support import CHROMIUM, IMAGES
+from studio_support import CHROMIUM, IMAGES, NO_CHROMIUM, wait_settled
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium "
-                                                     "(apt-get install chromium; .ci/run does)"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
 
 def test_fill_generate_play_and_see_the_timing_plot(studio, page):
@@ -54,6 +50,7 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
 
     page.get_by_role("tab", name="History").click()
     page.locator("#history-gallery img").first.wait_for(state="visible", timeout=30_000)
+    wait_settled(page, "history-gallery")
     page.screenshot(path=str(IMAGES / "studio-history.png"), full_page=True)
 
     # The replay path: change the form, pick the run in History, "Use these settings" refills it.
@@ -61,6 +58,7 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
     page.locator("#seed input").fill("1")
     page.get_by_role("tab", name="History").click()
     page.locator("#history-gallery img").first.click()
+    page.locator("#history-open").click()
     page.locator("#use-settings").wait_for(state="visible", timeout=30_000)
     page.locator("#use-settings").click()
     page.wait_for_function("() => document.querySelector('#seed input').value === '2026'", timeout=30_000)

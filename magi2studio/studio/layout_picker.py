@@ -1,0 +1,94 @@
+"""The Generate form's Layout control: what this engine can run first, the rest marked with its reason.
+
+The preset's SP / CFG / EP fill the fields below it from the first load on, and one live
+verdict next to the control says whether this engine takes the layout; a Generate refusal of
+the layout is written into that same line, so two contradictory verdicts never stand together.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+from ..engines.base import Capabilities, Engine
+from ..errors import InputError
+from ..layouts import PRESETS, Layout, memory_fit_line
+from ..tiers import TIERS, Tier, get_tier
+from .form import CUSTOM, layout_from_form
+
+REFUSED_MARK = "⊘"
+# Engines that run the real checkpoint check its memory fit themselves; for the others the
+# fit line is advice for a GPU run, not part of this engine's verdict.
+REAL_CHECKPOINT_ENGINES = ("vllm-omni", "vllm-omni-server")
+
+
+@dataclass(frozen=True)
+class PresetState:
+    """One preset as this engine sees it for a tier: refused (with the reason) or runnable (with warnings)."""
+
+    name: str
+    layout: Layout
+    why: str
+    refusal: str | None
+    warnings: tuple[str, ...]
+
+
+def preset_states(engine: Engine, tier: Tier) -> list[PresetState]:
+    states = []
+    for name, (layout, why) in PRESETS.items():
+        try:
+            warnings, refusal = tuple(engine.check_layout(layout, tier)), None
+        except InputError as err:
+            warnings, refusal = (), err.problem
+        states.append(PresetState(name, layout, why, refusal, warnings))
+    return states
+
+
+def choices(states: list[PresetState]) -> list[tuple[str, str]]:
+    """The dropdown's (label, value) pairs: runnable presets, custom, then the refused ones with their reason."""
+    runnable = [(f"{s.name}: {s.why}" + (" (with a warning)" if s.warnings else ""), s.name)
+                for s in states if s.refusal is None]
+    refused = [(f"{REFUSED_MARK} {s.name}: not on this engine: {s.refusal.removeprefix(f'{s.name} ')}", s.name)
+               for s in states if s.refusal is not None]
+    return [*runnable, ("custom SP / CFG / EP", CUSTOM), *refused]
+
+
+def default_preset(engine: Engine, preload: Layout | None, states: list[PresetState]) -> str:
+    """The layout the engine runs or preloads, else the first preset it takes without warnings
+    (PRESETS lists the MUSA report's fastest layouts first), else the first it takes at all."""
+    layout = engine.layout or preload
+    if layout is not None:
+        return layout.name if layout.name in PRESETS else CUSTOM
+    clean = [s.name for s in states if s.refusal is None and not s.warnings]
+    runnable = [s.name for s in states if s.refusal is None]
+    return (clean or runnable or [CUSTOM])[0]
+
+
+def fields_for(preset: str, current: Layout | None = None) -> tuple[int, int, str]:
+    """The SP / CFG / EP fields for a preset (for custom: the running layout's, else 1 / 1 / blank)."""
+    layout = PRESETS[preset][0] if preset in PRESETS else (current or Layout())
+    return layout.sp, layout.cfg, "" if layout.ep is None else str(layout.ep)
+
+
+def verdict(values: dict[str, Any], capabilities: Capabilities, engine: Engine, gpu_gib: float) -> str:
+    """The live verdict: this engine's check of the form's layout, its warnings, the restart notice,
+    and the real checkpoint's memory fit (as advice where this engine does not run that checkpoint)."""
+    tier_name = values.get("tier") or "272p"
+    try:
+        layout = layout_from_form(values.get("layout_preset"), values.get("sp"), values.get("cfg"), values.get("ep"))
+        warnings = engine.check_layout(layout, get_tier(tier_name) if tier_name in TIERS else TIERS["272p"])
+    except InputError as err:
+        return f"✗ {html.escape(str(err))}"
+    lines = [f"✓ **{layout.name} runs on {capabilities.engine}**: world size {layout.world_size}, "
+             f"MoE heads split {layout.moe_shards} ways"]
+    lines += [f"⚠ {html.escape(warning)}" for warning in warnings]
+    current = engine.layout
+    if current is not None and current != layout:
+        lines.append(f"↻ Generating will restart the engine: it runs {current.name} now, this is {layout.name}.")
+    fit = memory_fit_line(layout, gpu_gib)
+    if capabilities.engine in REAL_CHECKPOINT_ENGINES:
+        lines.append(f"Per GPU: {fit}")
+    else:
+        lines.append(f"<small>For a GPU run of the real checkpoint: {fit}</small>")
+    return "\n\n".join(lines)
