@@ -20,7 +20,7 @@ from ...request import Request, output_size
 from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .components import STAND_INS
-from .job import InProcessPool, Job, StageStarted, StepFinished
+from .rank import InProcessPool, Job, StageStarted, StepFinished
 from .pool import RankPool
 from .tiny import TinyConfig
 from .tiny_weights import RANDOM, checkpoint_folder, requested_weights, tree_sha256

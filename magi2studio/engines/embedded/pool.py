@@ -3,10 +3,11 @@
 Each rank is a spawned process that initializes upstream's distributed environment and
 MAGI-2 groups (``upstream_patches.init_parallel``), loads the tiny checkpoint (the
 transformer's ``load_weights`` keeps this rank's MoE heads), and runs each job with
-:func:`.job.run_job`, the body the in-process pool of one runs too. Upstream's own code spreads
-the work: the sequence dispatcher and Ulysses all-to-alls, head-sharded MoE, CFG-parallel.
+:func:`.rank.run_job` (in :func:`.rank.rank_main`), the body the in-process pool of one runs
+too. Upstream's own code spreads the work: the sequence dispatcher and Ulysses all-to-alls,
+head-sharded MoE, CFG-parallel.
 
-Every rank reports each finished step to the parent (the events of :mod:`.job`); rank 0 also
+Every rank reports each finished step to the parent (the events of :mod:`.rank`); rank 0 also
 reports stages and returns the frames and audio. Cancellation is a collective: at each step boundary every rank
 all-reduces (MAX) whether it has seen the shared cancel flag, so all stop at the same step.
 A rank that exits, raises or goes silent (the step watchdog: no step boundary for
@@ -21,120 +22,27 @@ import os
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import Cancelled, EngineError
 from ...layouts import Layout
 from ...platform import current_platform
-from .job import (
+from .rank import (
     Job,
     JobResult,
     RankCancelled,
     RankDone,
+    RankEvent,
     RankFailed,
     RankReady,
     StageStarted,
     StepFinished,
     StepPassed,
+    rank_main,
 )
 
-# Test hook: "RANK:STEP[:exit|hang|raise]" makes that rank fail when it starts that step.
-FAULT_ENV = "MAGI2STUDIO_EMBEDDED_FAULT"
 STARTUP_TIMEOUT_S = 300.0
-RankEvent = RankReady | StageStarted | StepFinished | StepPassed | RankDone | RankCancelled | RankFailed
-
-
-def _parse_fault(rank: int) -> tuple[int, str] | None:
-    spec = os.environ.get(FAULT_ENV, "")
-    if not spec:
-        return None
-    parts = spec.split(":")
-    if int(parts[0]) != rank:
-        return None
-    return int(parts[1]), parts[2] if len(parts) > 2 else "exit"
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit if the parent goes away, so no rank outlives the engine."""
-
-    while True:
-        if os.getppid() != parent_pid:
-            os._exit(3)
-        time.sleep(1.0)
-
-
-def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, checkpoint: str, parent_pid: int,
-               jobs, events, cancel_flag, acks) -> None:
-    """One rank: set up upstream's groups and the components, then run jobs until told to stop."""
-
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    try:
-        import torch
-        import torch.distributed as dist
-
-        from . import upstream_patches
-        from .job import load_driver, run_job, stopped_at
-
-        sp, cfg = layout
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        upstream_patches.init_parallel(world_size=sp * cfg, rank=rank, port=port, ulysses_degree=sp,
-                                       cfg_parallel_size=cfg, backend=backend)
-        if backend == "gloo":
-            upstream_patches.patch_gloo_uneven_gather()
-        flag_device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        driver = load_driver(Path(checkpoint), device=flag_device)
-        fault = _parse_fault(rank)
-    except BaseException:
-        events.put(RankFailed(rank, None, traceback.format_exc()))
-        return
-    events.put(RankReady(rank, driver.c.loaded_weights))
-
-    while True:
-        job = jobs.get()
-        if job is None:
-            break
-        current_step = {"index": 0}
-
-        def on_step(stage: str, index: int, total: int) -> None:
-            events.put(StepFinished(rank, stage, index, total))
-            current_step["index"] = index + 1
-            if rank == 0:
-                # Wait until the parent has handled this step's progress (which may cancel), so
-                # a cancel raised by step i's event stops every rank at step i's boundary.
-                acks.get()
-            flag = torch.tensor([1 if cancel_flag.is_set() else 0], dtype=torch.int32, device=flag_device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if int(flag.item()):
-                raise stopped_at(stage, index, total)
-            if fault is not None and index + 1 == fault[0]:
-                _fail(fault[1], rank, index + 1)
-            events.put(StepPassed(rank, index))
-
-        def on_stage(name: str) -> None:
-            if rank == 0:
-                events.put(StageStarted(name))
-
-        try:
-            out, records = run_job(driver, job, rank=rank, world_size=sp * cfg, on_step=on_step, on_stage=on_stage)
-            events.put(RankDone(rank, records, out if rank == 0 else None))
-        except Cancelled as err:
-            events.put(RankCancelled(rank, str(err)))
-        except BaseException:
-            events.put(RankFailed(rank, current_step["index"], traceback.format_exc()))
-            return
-    upstream_patches.destroy_parallel()
-
-
-def _fail(mode: str, rank: int, step: int) -> None:
-    if mode == "hang":
-        while True:
-            time.sleep(60)
-    if mode == "raise":
-        raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV})")
-    os._exit(17)
 
 
 class RankPool:
@@ -155,7 +63,7 @@ class RankPool:
         self._jobs = [context.Queue() for _ in range(layout.world_size)]
         port = free_port()
         self._procs = [
-            context.Process(target=_rank_main, name=f"magi2studio-rank{rank}", daemon=True,
+            context.Process(target=rank_main, name=f"magi2studio-rank{rank}", daemon=True,
                             args=(rank, (layout.sp, layout.cfg), port, self.backend, str(checkpoint), os.getpid(),
                                   self._jobs[rank], self._events, self._cancel, self._acks))
             for rank in range(layout.world_size)

@@ -1,21 +1,26 @@
-"""One embedded job, and the one body every rank runs it with.
+"""One rank of the embedded engine: the job it runs, what it tells its parent, and how.
 
-A :class:`Job` is a plan's request, tier and resolved settings. :func:`run_job` is the per-job
-body (compile, deterministic, step timer, driver) that a rank of a :class:`~.pool.RankPool`
-and the :class:`InProcessPool` (world 1: a pool of one, run in this process) both run.
-The events are what a rank tells its parent while it runs; :meth:`InProcessPool.run` sends
-the parent the same step and stage events a pool's rank 0 does.
+A :class:`Job` is a plan's request, tier and resolved settings. :func:`run_job` is the one
+per-job body (compile, deterministic, VAE patch-parallel, step timer, driver). It runs in
+:func:`rank_main`, the process of each rank of a :class:`~.pool.RankPool`, and in the
+:class:`InProcessPool` (world 1: a pool of one, run in this process). The events are what a
+rank tells its parent while it runs; :meth:`InProcessPool.run` sends the parent the same step
+and stage events a pool's rank 0 does.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ...errors import Cancelled
 from ...request import Request, output_size
@@ -24,6 +29,9 @@ from ...timing import StepTimer, active, install_step_hooks
 from . import upstream_patches
 from .components import load_components
 from .driver import DriverOutput, EmbeddedDriver, prepare_compile
+
+# Test hook: "RANK:STEP[:exit|hang|raise]" makes that rank fail when it starts that step.
+FAULT_ENV = "MAGI2STUDIO_EMBEDDED_FAULT"
 
 
 @dataclass(frozen=True)
@@ -55,52 +63,51 @@ class JobResult:
 
 # -- what a rank tells its parent ----------------------------------------------------------------
 @dataclass(frozen=True)
-class RankReady:
+class RankEvent:
     rank: int
+
+
+@dataclass(frozen=True)
+class RankReady(RankEvent):
     loaded_weights: int
 
 
 @dataclass(frozen=True)
-class StageStarted:
+class StageStarted(RankEvent):
     """Rank 0 began a stage (encode, preview, refiner, decode_video, decode_audio)."""
 
     name: str
 
 
 @dataclass(frozen=True)
-class StepFinished:
-    """A rank finished step ``index`` (0-based) of ``total`` in ``stage``; it waits at the boundary."""
+class StepFinished(RankEvent):
+    """The rank finished step ``index`` (0-based) of ``total`` in ``stage``; it waits at the boundary."""
 
-    rank: int
     stage: str
     index: int
     total: int
 
 
 @dataclass(frozen=True)
-class StepPassed:
-    """A rank passed the boundary after step ``index`` (nobody cancelled): the step watchdog's mark."""
+class StepPassed(RankEvent):
+    """The rank passed the boundary after step ``index`` (nobody cancelled): the step watchdog's mark."""
 
-    rank: int
     index: int
 
 
 @dataclass(frozen=True)
-class RankDone:
-    rank: int
+class RankDone(RankEvent):
     step_records: list[dict]
     output: DriverOutput | None = None  # rank 0 only
 
 
 @dataclass(frozen=True)
-class RankCancelled:
-    rank: int
+class RankCancelled(RankEvent):
     message: str
 
 
 @dataclass(frozen=True)
-class RankFailed:
-    rank: int
+class RankFailed(RankEvent):
     step: int | None  # None: it failed while starting
     traceback: str
 
@@ -133,6 +140,92 @@ def run_job(driver: EmbeddedDriver, job: Job, *, rank: int, world_size: int,
         out = driver.run(job.request, job.tier, job.steps, job.refiner_steps, on_stage=on_stage,
                          output_size=output_size(job.request))
     return out, [record.as_dict() for record in timer.records]
+
+
+# -- a pool's rank: one spawned process -----------------------------------------------------------
+def _parse_fault(rank: int) -> tuple[int, str] | None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return None
+    parts = spec.split(":")
+    if int(parts[0]) != rank:
+        return None
+    return int(parts[1]), parts[2] if len(parts) > 2 else "exit"
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit if the parent goes away, so no rank outlives the engine."""
+
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(3)
+        time.sleep(1.0)
+
+
+def rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, checkpoint: str, parent_pid: int,
+              jobs, events, cancel_flag, acks) -> None:
+    """One rank: set up upstream's groups and the components, then run jobs until told to stop."""
+
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    try:
+        sp, cfg = layout
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        upstream_patches.init_parallel(world_size=sp * cfg, rank=rank, port=port, ulysses_degree=sp,
+                                       cfg_parallel_size=cfg, backend=backend)
+        if backend == "gloo":
+            upstream_patches.patch_gloo_uneven_gather()
+        flag_device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        driver = load_driver(Path(checkpoint), device=flag_device)
+        fault = _parse_fault(rank)
+    except BaseException:
+        events.put(RankFailed(rank, None, traceback.format_exc()))
+        return
+    events.put(RankReady(rank, driver.c.loaded_weights))
+
+    while True:
+        job = jobs.get()
+        if job is None:
+            break
+        current_step = {"index": 0}
+
+        def on_step(stage: str, index: int, total: int) -> None:
+            events.put(StepFinished(rank, stage, index, total))
+            current_step["index"] = index + 1
+            if rank == 0:
+                # Wait until the parent has handled this step's progress (which may cancel), so
+                # a cancel raised by step i's event stops every rank at step i's boundary.
+                acks.get()
+            flag = torch.tensor([1 if cancel_flag.is_set() else 0], dtype=torch.int32, device=flag_device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if int(flag.item()):
+                raise stopped_at(stage, index, total)
+            if fault is not None and index + 1 == fault[0]:
+                _fail(fault[1], rank, index + 1)
+            events.put(StepPassed(rank, index))
+
+        def on_stage(name: str) -> None:
+            if rank == 0:
+                events.put(StageStarted(rank, name))
+
+        try:
+            out, records = run_job(driver, job, rank=rank, world_size=sp * cfg, on_step=on_step, on_stage=on_stage)
+            events.put(RankDone(rank, records, out if rank == 0 else None))
+        except Cancelled as err:
+            events.put(RankCancelled(rank, str(err)))
+        except BaseException:
+            events.put(RankFailed(rank, current_step["index"], traceback.format_exc()))
+            return
+    upstream_patches.destroy_parallel()
+
+
+def _fail(mode: str, rank: int, step: int) -> None:
+    if mode == "hang":
+        while True:
+            time.sleep(60)
+    if mode == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV})")
+    os._exit(17)
 
 
 class InProcessPool:
@@ -171,7 +264,7 @@ class InProcessPool:
                 raise stopped_at(stage, index, total)
 
         out, records = run_job(self.driver, job, rank=0, world_size=1, on_step=on_step,
-                               on_stage=lambda name: on_event(StageStarted(name)))
+                               on_stage=lambda name: on_event(StageStarted(0, name)))
         return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records)
 
     def close(self) -> None:
