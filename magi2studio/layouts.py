@@ -1,8 +1,10 @@
 """Parallel layouts: Ulysses SP degree x CFG size x optional head-sharded EP degree.
 
-Written ``spN-cfgM[-epK][-offload]``. ``rules_for_real_model`` states the real checkpoint's
-constraints (the ones vLLM-Omni's MAGI-2 pipeline validates, plus the MUSA report's memory and
-1080p findings); an engine adds its own limits on top.
+Written ``spN-cfgM[-epK][-offload]``. ``check_shape`` holds for every engine and imports
+nothing from upstream. ``rules_for_real_model`` checks the real checkpoint's constraints: the ones vLLM-Omni's
+MAGI-2 pipeline validates, asked of upstream through :mod:`.topology`, plus the MUSA report's
+EP, memory and 1080p findings, which upstream 0.30.0 does not state. An engine adds its own
+limits on top.
 """
 
 from __future__ import annotations
@@ -14,11 +16,8 @@ from dataclasses import dataclass
 from .errors import InputError
 from .tiers import Tier
 
-# The released checkpoint (vllm_omni magi2 configuration_magi2.MAGI2_PREVIEW_CONFIG).
-REAL_QUERY_HEADS = 24
-REAL_KV_HEADS = 24
-REAL_MOE_HEADS = 12
-# Published sizes: the Preview transformer is about 212 GiB in bf16; routed experts are ~95%.
+# Published sizes (upstream states no memory figures): the Preview transformer is about 212 GiB
+# in bf16; routed experts are ~95%.
 TRANSFORMER_GIB = 212.0
 ROUTED_FRACTION = 0.95
 # Activations, workspace, staged auxiliaries and the NCCL/MCCL buffers, per GPU (MUSA report: EP2
@@ -111,7 +110,13 @@ def parse_layout(text: str) -> Layout:
 
 
 def check_shape(layout: Layout) -> None:
-    """Rules that hold for every engine."""
+    """Rules that hold for every engine, checked as a layout is parsed (without importing upstream).
+
+    Upstream's validator states the CFG and single-worker offload rules too (``rules_for_real_model``
+    asks it). It states no
+    EP degree rule (vLLM-Omni 0.30.0 refuses ``enable_expert_parallel``): an EP degree dividing
+    the Ulysses group is how the MUSA report's #8511 shards the MoE heads inside it.
+    """
 
     if layout.sp < 1:
         raise InputError("layout", "the Ulysses degree must be at least 1", "use sp1 or more")
@@ -148,9 +153,12 @@ def memory_per_gpu_gib(layout: Layout) -> float:
 
     if layout.offload:
         return WORKING_SET_GIB + TRANSFORMER_GIB * (1 - ROUTED_FRACTION) / 4
+    from .topology import upstream_rules
+
+    moe_heads = upstream_rules().moe_heads
     routed = TRANSFORMER_GIB * ROUTED_FRACTION
-    heads_per_rank = math.ceil(REAL_MOE_HEADS / layout.moe_shards)
-    return TRANSFORMER_GIB * (1 - ROUTED_FRACTION) + routed * heads_per_rank / REAL_MOE_HEADS + WORKING_SET_GIB
+    heads_per_rank = math.ceil(moe_heads / layout.moe_shards)
+    return TRANSFORMER_GIB * (1 - ROUTED_FRACTION) + routed * heads_per_rank / moe_heads + WORKING_SET_GIB
 
 
 def memory_fit_line(layout: Layout, gpu_gib: float) -> str:
@@ -159,30 +167,46 @@ def memory_fit_line(layout: Layout, gpu_gib: float) -> str:
     return f"{layout.name}: ~{need:.0f} GiB per GPU of {gpu_gib:.0f} GiB -> {verdict}"
 
 
+def _either(sizes: tuple[int, ...]) -> str:
+    return ", ".join(map(str, sizes[:-1])) + f" or {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+
+
 def rules_for_real_model(layout: Layout, tier: Tier, gpu_gib: float | None = None) -> list[str]:
-    """Check a layout against the released checkpoint. Raises on a broken rule; returns warnings."""
+    """Check a layout against the released checkpoint. Raises on a broken rule; returns warnings.
+
+    Heads, worker counts, VAE patch-parallel and the MoE heads' EP padding are upstream's rules
+    (:mod:`.topology`); the 1080p decode rule and the memory estimate are the MUSA report's.
+    """
+
+    from . import topology
 
     check_shape(layout)
+    rules = topology.upstream_rules()
     warnings: list[str] = []
-    if REAL_QUERY_HEADS % layout.sp or REAL_KV_HEADS % layout.sp:
+    if layout.sp not in rules.ulysses_degrees:
         raise InputError(
             "layout",
-            f"the {REAL_QUERY_HEADS} attention heads do not divide by TPxSP={layout.sp}",
-            "use an Ulysses degree of 1, 2, 3, 4, 6 or 8",
+            f"the {rules.query_heads} query / {rules.kv_heads} KV attention heads do not divide by TPxSP={layout.sp}",
+            f"use an Ulysses degree of {_either(rules.ulysses_degrees)}",
         )
-    if not (layout.world_size in (4, 8) or (layout.world_size == 1 and layout.offload)):
+    offload = rules.offload_world_size
+    if not (layout.world_size in rules.qualified_world_sizes or (layout.offload and layout.world_size == offload)):
         raise InputError(
             "layout",
-            f"world size SPxCFG={layout.world_size}: vLLM-Omni qualifies MAGI-2 on 4 or 8 workers, "
-            "or 1 with layerwise offload",
-            "use a 4- or 8-GPU layout (e.g. sp8-cfg1-ep4, sp4-cfg2, sp4-cfg1-ep4) or sp1-cfg1-offload",
+            f"world size SPxCFG={layout.world_size}: vLLM-Omni qualifies MAGI-2 on "
+            f"{_either(rules.qualified_world_sizes)} workers" + (f", or {offload} with layerwise offload" if offload
+                                                                 else ""),
+            f"use a {_either(rules.qualified_world_sizes)}-GPU layout (e.g. sp8-cfg1-ep4, sp4-cfg2, sp4-cfg1-ep4)"
+            + (" or sp1-cfg1-offload" if offload else ""),
         )
     vae_pp = layout.vae_patch_parallel(tier)
-    if vae_pp not in (1, layout.world_size):
-        raise InputError(
-            "layout", f"VAE patch-parallel {vae_pp} must be 1 or the world size {layout.world_size}",
-            f"use vae_pp={layout.world_size}",
-        )
+    offload_kwargs = {"enable_layerwise_offload": layout.offload}
+    refused = topology.probe(layout.sp, layout.cfg, vae_pp, **offload_kwargs, **topology.BRING_UP)
+    if refused:
+        sizes = topology.vae_patch_parallel_sizes(layout.sp, layout.cfg, **offload_kwargs)
+        raise InputError("layout", f"VAE patch-parallel {vae_pp} on {layout.name}: {refused.rstrip('.')}",
+                         f"use vae_pp={_either(sizes)}")
+    # vLLM-Omni 0.30.0 has no 1080p stage, so it states no rule for it: this one is the MUSA report's.
     if tier.refined and vae_pp != layout.world_size:
         raise InputError(
             "layout",
@@ -190,19 +214,18 @@ def rules_for_real_model(layout: Layout, tier: Tier, gpu_gib: float | None = Non
             "the decode dies (MUSA report A.4)",
             f"set the VAE patch-parallel size to {layout.world_size}",
         )
-    shards = layout.moe_shards
-    if shards > 1 and REAL_MOE_HEADS % shards:
-        idle = idle_moe_ranks(REAL_MOE_HEADS, shards)
+    shards, heads = layout.moe_shards, rules.moe_heads
+    if shards > 1 and heads % shards:  # upstream pads the MoE heads to a multiple of the EP group (mh_moe.py)
+        idle = idle_moe_ranks(heads, shards)
         warnings.append(
-            f"EP{shards} pads the {REAL_MOE_HEADS} MoE heads to {padded_moe_heads(REAL_MOE_HEADS, shards)}"
+            f"EP{shards} pads the {heads} MoE heads to {padded_moe_heads(heads, shards)}"
             + (f": {idle} GPUs hold no real head (idle in the MoE)" if idle else "")
         )
     if gpu_gib is not None and memory_per_gpu_gib(layout) > gpu_gib:
-        heads = math.ceil(REAL_MOE_HEADS / shards)
         raise InputError(
             "layout",
-            f"{memory_fit_line(layout, gpu_gib)}: each GPU would hold {heads} of {REAL_MOE_HEADS} MoE heads' "
-            f"experts (routed experts are {ROUTED_FRACTION:.0%} of the {TRANSFORMER_GIB:.0f} GiB transformer)",
+            f"{memory_fit_line(layout, gpu_gib)}: each GPU would hold {math.ceil(heads / shards)} of {heads} MoE "
+            f"heads' experts (routed experts are {ROUTED_FRACTION:.0%} of the {TRANSFORMER_GIB:.0f} GiB transformer)",
             "raise the EP degree (EP >= 4 on 80 GB cards)",
         )
     return warnings

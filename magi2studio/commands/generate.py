@@ -107,9 +107,13 @@ def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     layout = parse_layout(args.layout)
     engine = get_engine(args.engine, **engine_options(args))
-    # execute() checks the outputs root and the layout before the engine starts.
-    with ConsoleProgress() as progress:
-        folder = runs.execute(engine, request, layout, Path(args.out), on_progress=progress)
+    # execute() checks the outputs root and the layout before the engine starts. Closing the engine
+    # lets go of what it holds (an in-process world, ranks, a child), also when main() runs in-process.
+    try:
+        with ConsoleProgress() as progress:
+            folder = runs.execute(engine, request, layout, Path(args.out), on_progress=progress)
+    finally:
+        engine.close()
     print_summary(folder)
     return 0
 

@@ -10,7 +10,7 @@ import pytest
 
 from magi2studio import media, runs
 from magi2studio.engines.embedded.engine import EmbeddedEngine
-from magi2studio.engines.embedded.pool import FAULT_ENV
+from magi2studio.engines.embedded.rank import FAULT_ENV
 from magi2studio.errors import Cancelled, EngineError
 from magi2studio.layouts import parse_layout
 from magi2studio.request import build_request

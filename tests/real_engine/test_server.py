@@ -334,7 +334,7 @@ def only_record(record_dir: Path, suffix: str, before: set[Path]) -> Path:
 
 # --- Contract read from the installed sources ----------------------------------------------------
 def test_client_uses_the_installed_routes_fields_headers_and_flags():
-    from magi2studio.engines.vllm_omni import server as srv
+    from magi2studio.engines.vllm_omni import server_client as srv
     from magi2studio.layouts import Layout
     from magi2studio.request import build_request
     from magi2studio.tiers import get_tier
@@ -381,7 +381,7 @@ def test_client_uses_the_installed_routes_fields_headers_and_flags():
 
 
 def test_status_values_and_step_limit_are_upstreams():
-    from magi2studio.engines.vllm_omni import server as srv
+    from magi2studio.engines.vllm_omni import server_client as srv
 
     saved = {name: module for name, module in sys.modules.items() if name.startswith("vllm_omni.entrypoints.openai")}
     try:
@@ -398,7 +398,7 @@ def test_status_values_and_step_limit_are_upstreams():
 
 
 def test_stage_durations_header_parsing():
-    from magi2studio.engines.vllm_omni.server import parse_stage_durations
+    from magi2studio.engines.vllm_omni.server_client import parse_stage_durations
     from magi2studio.errors import EngineError
 
     assert parse_stage_durations('{"magi2_preview_e2e":12.5,"vae":0.25}') == {"magi2_preview_e2e": 12500.0,

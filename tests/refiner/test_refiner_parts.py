@@ -49,7 +49,7 @@ def components():
 
     engine = EmbeddedEngine()
     engine.start(Layout(1, 1))
-    yield engine._components
+    yield engine._pool.components
     engine.close()
 
 

@@ -27,7 +27,7 @@ def test_tiny_checkpoint_is_in_the_released_layout_and_loads_through_upstream(en
     index = json.loads((root / "preview" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) == 2
     # Magi2PreviewTransformer.load_weights is strict: every tensor of the model was loaded.
-    assert engine.info()["loaded_weights"] == len(engine._components.transformer.state_dict())
+    assert engine.info()["loaded_weights"] == len(engine._pool.components.transformer.state_dict())
 
 
 def test_same_request_same_hashes_other_seed_other_hashes(engine, request_t2va, tmp_path):

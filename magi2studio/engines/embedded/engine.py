@@ -18,10 +18,10 @@ from ...errors import Cancelled, EngineError, InputError
 from ...layouts import Layout, check_shape
 from ...request import Request, output_size
 from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
-from ...timing import StepTimer, active, install_step_hooks
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .components import STAND_INS
-from .pool import Job, RankPool
+from .rank import InProcessPool, Job, StageStarted, StepFinished
+from .pool import RankPool
 from .tiny import TinyConfig
 from .tiny_weights import RANDOM, checkpoint_folder, requested_weights, tree_sha256
 
@@ -42,14 +42,11 @@ class EmbeddedEngine(Engine):
 
             config = read_tiny_config(self._weights_folder)
         self._weights_sha256: str | None = None
-        self._holds_world = False  # this engine holds the process's world-1 groups (in-process runs)
         self.config = config or TinyConfig()
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else None
         self.rank_timeout_s = rank_timeout_s if rank_timeout_s is not None else step_timeout_s()
         self._layout: Layout | None = None
-        self._driver = None
-        self._components = None
-        self._pool: RankPool | None = None
+        self._pool: InProcessPool | RankPool | None = None  # world 1 runs in this process
         self._lock = threading.Lock()
 
     # -- what it can do -----------------------------------------------------------------------
@@ -115,33 +112,19 @@ class EmbeddedEngine(Engine):
 
     def start(self, layout: Layout) -> bool:
         with self._lock:
-            running = self._pool.alive if self._pool is not None else self._driver is not None
-            if running and self._layout == layout:
-                problem = self._pool.health() if self._pool is not None else None
+            if self._pool is not None and self._pool.alive and self._layout == layout:
+                problem = self._pool.health()
                 if problem is None:
                     return False
                 log.warning("restarting the %s ranks before the run: %s", layout.name, problem)
             self._stop()
+            root = self._checkpoint()
             if layout.world_size == 1:
-                self._start_in_process()
+                self._pool = InProcessPool(root)
             else:
-                root = self._checkpoint()
                 self._pool = RankPool(layout, root, rank_timeout_s=self.rank_timeout_s)
             self._layout = layout
             return True
-
-    def _start_in_process(self) -> None:
-        from . import upstream_patches
-        from .components import load_components
-        from .driver import EmbeddedDriver
-
-        if not self._holds_world:
-            upstream_patches.hold_world_of_one()
-            self._holds_world = True
-        install_step_hooks()
-        root = self._checkpoint()
-        self._components = load_components(root)
-        self._driver = EmbeddedDriver(self._components)
 
     def _checkpoint(self) -> Path:
         if self._weights_folder is not None:
@@ -168,14 +151,7 @@ class EmbeddedEngine(Engine):
     def _stop(self) -> None:
         if self._pool is not None:
             self._pool.close()
-        if self._holds_world:
-            from . import upstream_patches
-
-            upstream_patches.let_go_of_world_of_one()  # the last holder releases the process's world
-            self._holds_world = False
         self._pool = None
-        self._driver = None
-        self._components = None
         self._layout = None
 
     def close(self) -> None:
@@ -194,65 +170,20 @@ class EmbeddedEngine(Engine):
 
     def generate(self, plan: Plan, *, on_progress: ProgressCallback | None = None,
                  cancel: threading.Event | None = None) -> Generation:
+        """Run the plan on the layout's pool: rank 0's frames and audio, every rank's step times."""
+
         if self._layout is None:
             raise RuntimeError("start(layout) the engine before generate()")
-        if self._pool is not None:
-            return self._generate_on_pool(plan, on_progress, cancel)
-        from . import upstream_patches
-        from .driver import prepare_compile
-
-        request, tier, settings = plan.request, plan.tier, plan.resolved
         started = time.perf_counter()
 
-        def emit(event: Progress) -> None:
-            if on_progress is not None:
-                on_progress(event)
-
-        def on_step(stage: str, index: int, total: int) -> None:
-            emit(Progress(stage, index, total, time.perf_counter() - started))
-            if cancel is not None and cancel.is_set():
-                raise Cancelled(f"stopped at the step boundary after {stage} step {index + 1}/{total}")
-
-        with self._lock:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("cancelled before the run started")
-            prepare_compile(self._components.transformer, settings["compile"])
-            if tier.refined:
-                prepare_compile(self._components.refiner, settings["compile"])
-            upstream_patches.set_deterministic(settings["deterministic"])
-            timer = StepTimer(stage="preview", rank=0, on_step=on_step)
-            with active(timer):
-                out = self._driver.run(request, tier, settings["steps"], settings["refiner_steps"],
-                                       on_stage=lambda name: emit(Progress(name,
-                                                                           elapsed_s=time.perf_counter() - started)),
-                                       output_size=output_size(request))
-        return Generation(
-            frames=out.frames,
-            audio=out.audio,
-            fps=tier.fps,
-            sample_rate=AUDIO_SAMPLE_RATE,
-            step_records=[r.as_dict() for r in timer.records],
-            stage_ms=out.stage_ms,
-            resolved=_as_run(plan, out.negative_prompt_source),
-            engine_info=self.info(),
-        )
-
-    def _generate_on_pool(self, plan: Plan, on_progress: ProgressCallback | None,
-                          cancel: threading.Event | None) -> Generation:
-        """Run on every rank of the pool; rank 0's frames and audio, every rank's step times."""
-
-        settings = plan.resolved
-        started = time.perf_counter()
-
-        def on_event(event: tuple) -> None:
+        def on_event(event: StageStarted | StepFinished) -> None:
             if on_progress is None:
                 return
             elapsed = time.perf_counter() - started
-            if event[0] == "stage":
-                on_progress(Progress(event[1], elapsed_s=elapsed))
+            if isinstance(event, StageStarted):
+                on_progress(Progress(event.name, elapsed_s=elapsed))
             else:
-                _, _, stage, index, total = event
-                on_progress(Progress(stage, index, total, elapsed))
+                on_progress(Progress(event.stage, event.index, event.total, elapsed))
 
         with self._lock:
             if cancel is not None and cancel.is_set():
@@ -261,8 +192,7 @@ class EmbeddedEngine(Engine):
             if pool is None or not pool.alive:
                 raise EngineError(f"the {self._layout.name} ranks were stopped by an earlier failure; "
                                   "start the engine again")
-            job = Job(plan.request.model_dump_json(), settings["steps"], settings["compile"], settings["refiner_steps"])
-            result = pool.run(job, on_event, cancel)
+            result = pool.run(Job.from_plan(plan), on_event, cancel)
         return Generation(
             frames=result.frames,
             audio=result.audio,
@@ -271,17 +201,11 @@ class EmbeddedEngine(Engine):
             step_records=result.step_records,
             stage_ms=result.stage_ms,
             resolved=_as_run(plan, result.negative_prompt_source),
-            engine_info={**self.info(), "ranks": self._layout.world_size, "backend": pool.backend},
+            engine_info={**self.info(), **pool.run_info()},
         )
 
     def info(self) -> dict:
-        components, pool = self._components, self._pool
-        if pool is not None:
-            checkpoint = str(pool.checkpoint)
-            loaded = {f"rank{rank}": count for rank, count in sorted(pool.loaded_weights.items())}
-        else:
-            checkpoint = str(components.root) if components else None
-            loaded = components.loaded_weights if components else None
+        pool = self._pool.info() if self._pool is not None else {"checkpoint": None, "loaded_weights": None}
         return {
             "name": ENGINE_NAME,
             "embedded": True,
@@ -293,8 +217,7 @@ class EmbeddedEngine(Engine):
             "stand_ins": STAND_INS,
             "tiny_config": self.config.digest,
             **self._weights_info(),
-            "checkpoint": checkpoint,
-            "loaded_weights": loaded,
+            **pool,
         }
 
 

@@ -2,12 +2,13 @@
 
 Each rank is a spawned process that initializes upstream's distributed environment and
 MAGI-2 groups (``upstream_patches.init_parallel``), loads the tiny checkpoint (the
-transformer's ``load_weights`` keeps this rank's MoE heads), and runs
-:class:`EmbeddedDriver` under a per-rank :class:`StepTimer`. Upstream's own code spreads the
-work: the sequence dispatcher and Ulysses all-to-alls, head-sharded MoE, CFG-parallel.
+transformer's ``load_weights`` keeps this rank's MoE heads), and runs each job with
+:func:`.rank.run_job` (in :func:`.rank.rank_main`), the body the in-process pool of one runs
+too. Upstream's own code spreads the work: the sequence dispatcher and Ulysses all-to-alls,
+head-sharded MoE, CFG-parallel.
 
-Every rank reports each finished step to the parent; rank 0 also reports stages and returns
-the frames and audio. Cancellation is a collective: at each step boundary every rank
+Every rank reports each finished step to the parent (the events of :mod:`.rank`); rank 0 also
+reports stages and returns the frames and audio. Cancellation is a collective: at each step boundary every rank
 all-reduces (MAX) whether it has seen the shared cancel flag, so all stop at the same step.
 A rank that exits, raises or goes silent (the step watchdog: no step boundary for
 ``rank_timeout_s``, see :func:`magi2studio.engines.base.step_timeout_s`) ends the run with an
@@ -21,148 +22,27 @@ import os
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ...errors import Cancelled, EngineError
 from ...layouts import Layout
 from ...platform import current_platform
+from .rank import (
+    Job,
+    JobResult,
+    RankCancelled,
+    RankDone,
+    RankEvent,
+    RankFailed,
+    RankReady,
+    StageStarted,
+    StepFinished,
+    StepPassed,
+    rank_main,
+)
 
-# Test hook: "RANK:STEP[:exit|hang|raise]" makes that rank fail when it starts that step.
-FAULT_ENV = "MAGI2STUDIO_EMBEDDED_FAULT"
 STARTUP_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True)
-class Job:
-    request_json: str
-    steps: int
-    compile_mode: str
-    refiner_steps: int | None = None  # refined tiers (1080p) only
-
-
-@dataclass
-class PoolResult:
-    frames: Any
-    audio: Any
-    stage_ms: dict[str, float]
-    negative_prompt_source: str
-    step_records: list[dict]
-
-
-def _parse_fault(rank: int) -> tuple[int, str] | None:
-    spec = os.environ.get(FAULT_ENV, "")
-    if not spec:
-        return None
-    parts = spec.split(":")
-    if int(parts[0]) != rank:
-        return None
-    return int(parts[1]), parts[2] if len(parts) > 2 else "exit"
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit if the parent goes away, so no rank outlives the engine."""
-
-    while True:
-        if os.getppid() != parent_pid:
-            os._exit(3)
-        time.sleep(1.0)
-
-
-def _rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, checkpoint: str, parent_pid: int,
-               jobs, events, cancel_flag, acks) -> None:
-    """One rank: set up upstream's groups and the components, then run jobs until told to stop."""
-
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    try:
-        import torch
-        import torch.distributed as dist
-
-        from ...request import Request, output_size
-        from ...tiers import get_tier
-        from ...timing import StepTimer, active, install_step_hooks
-        from . import upstream_patches
-        from .components import load_components
-        from .driver import EmbeddedDriver, prepare_compile
-
-        sp, cfg = layout
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        upstream_patches.init_parallel(world_size=sp * cfg, rank=rank, port=port, ulysses_degree=sp,
-                                       cfg_parallel_size=cfg, backend=backend)
-        if backend == "gloo":
-            upstream_patches.patch_gloo_uneven_gather()
-        install_step_hooks()
-        components = load_components(Path(checkpoint))
-        flag_device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        driver = EmbeddedDriver(components, device=flag_device)
-        fault = _parse_fault(rank)
-    except BaseException:
-        events.put(("error", rank, None, traceback.format_exc()))
-        return
-    events.put(("ready", rank, components.loaded_weights))
-
-    while True:
-        job = jobs.get()
-        if job is None:
-            break
-        current_step = {"index": 0}
-
-        def on_step(stage: str, index: int, total: int) -> None:
-            events.put(("step", rank, stage, index, total))
-            current_step["index"] = index + 1
-            if rank == 0:
-                # Wait until the parent has handled this step's progress (which may cancel), so
-                # a cancel raised by step i's event stops every rank at step i's boundary.
-                acks.get()
-            flag = torch.tensor([1 if cancel_flag.is_set() else 0], dtype=torch.int32, device=flag_device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if int(flag.item()):
-                raise Cancelled(f"stopped at the step boundary after {stage} step {index + 1}/{total}")
-            if fault is not None and index + 1 == fault[0]:
-                _fail(fault[1], rank, index + 1)
-            events.put(("passed", rank, index))
-
-        def on_stage(name: str) -> None:
-            if rank == 0:
-                events.put(("stage", name))
-
-        try:
-            request = Request.model_validate_json(job.request_json)
-            tier = get_tier(request.tier)
-            prepare_compile(components.transformer, job.compile_mode)
-            if tier.refined:
-                prepare_compile(components.refiner, job.compile_mode)
-            upstream_patches.set_deterministic(request.deterministic)
-            # 1080p decodes patch-parallel over all ranks (the layout rule); rank 0 gets the video.
-            driver.set_vae_patch_parallel(sp * cfg if tier.refined else 1)
-            timer = StepTimer(stage="preview", rank=rank, on_step=on_step)
-            with active(timer):
-                out = driver.run(request, tier, job.steps, job.refiner_steps, on_stage=on_stage,
-                                 output_size=output_size(request))
-            records = [r.as_dict() for r in timer.records]
-            if rank == 0:
-                events.put(("done", rank, records, out.frames, out.audio, out.stage_ms, out.negative_prompt_source))
-            else:
-                events.put(("done", rank, records))
-        except Cancelled as err:
-            events.put(("cancelled", rank, str(err)))
-        except BaseException:
-            events.put(("error", rank, current_step["index"], traceback.format_exc()))
-            return
-    upstream_patches.destroy_parallel()
-
-
-def _fail(mode: str, rank: int, step: int) -> None:
-    if mode == "hang":
-        while True:
-            time.sleep(60)
-    if mode == "raise":
-        raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV})")
-    os._exit(17)
 
 
 class RankPool:
@@ -183,7 +63,7 @@ class RankPool:
         self._jobs = [context.Queue() for _ in range(layout.world_size)]
         port = free_port()
         self._procs = [
-            context.Process(target=_rank_main, name=f"magi2studio-rank{rank}", daemon=True,
+            context.Process(target=rank_main, name=f"magi2studio-rank{rank}", daemon=True,
                             args=(rank, (layout.sp, layout.cfg), port, self.backend, str(checkpoint), os.getpid(),
                                   self._jobs[rank], self._events, self._cancel, self._acks))
             for rank in range(layout.world_size)
@@ -198,10 +78,10 @@ class RankPool:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while len(ready) < layout.world_size:
                 event = self._next_event(deadline, "starting", {})
-                if event[0] == "ready":
-                    ready[event[1]] = event[2]
-                elif event[0] == "error":
-                    raise EngineError(f"rank {event[1]} failed to start layout {layout.name}:\n{event[3]}")
+                if isinstance(event, RankReady):
+                    ready[event.rank] = event.loaded_weights
+                elif isinstance(event, RankFailed):
+                    raise EngineError(f"rank {event.rank} failed to start layout {layout.name}:\n{event.traceback}")
         except BaseException:
             self.close()
             raise
@@ -226,7 +106,7 @@ class RankPool:
         return None
 
     def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int, str]],
-                    passed: dict[int, int] | None = None) -> tuple:
+                    passed: dict[int, int] | None = None) -> RankEvent:
         """The next event from any rank; raise EngineError on a dead or silent rank."""
 
         passed = passed if passed is not None else {}
@@ -262,7 +142,17 @@ class RankPool:
                                       f"while running" + _at_step(rank, last_step) + f"; rank {failed} then failed")
             time.sleep(0.1)
 
-    def run(self, job: Job, on_event: Callable[[tuple], None], cancel: threading.Event | None) -> PoolResult:
+    def info(self) -> dict:
+        return {"checkpoint": str(self.checkpoint),
+                "loaded_weights": {f"rank{rank}": count for rank, count in sorted(self.loaded_weights.items())}}
+
+    def run_info(self) -> dict:
+        """What a run records beyond :meth:`info`: how many ranks, over which backend."""
+
+        return {"ranks": self.layout.world_size, "backend": self.backend}
+
+    def run(self, job: Job, on_event: Callable[[StageStarted | StepFinished], None],
+            cancel: threading.Event | None) -> JobResult:
         """Run one job on every rank; raise Cancelled, or EngineError naming the failed rank and step."""
 
         if not self.alive:
@@ -270,7 +160,7 @@ class RankPool:
         self._cancel.clear()
         for jobs in self._jobs:
             jobs.put(job)
-        done: dict[int, tuple] = {}
+        done: dict[int, RankDone] = {}
         cancelled: dict[int, str] = {}
         last_step: dict[int, tuple[int, int, str]] = {}
         passed: dict[int, int] = {}
@@ -281,26 +171,25 @@ class RankPool:
                     self._cancel.set()
                 event = self._next_event(deadline, "running", last_step, passed)
                 deadline = time.monotonic() + self.rank_timeout_s
-                kind = event[0]
-                if kind == "step":
-                    last_step[event[1]] = (event[3], event[4], event[2])
-                    if event[1] == 0:
+                if isinstance(event, StepFinished):
+                    last_step[event.rank] = (event.index, event.total, event.stage)
+                    if event.rank == 0:
                         on_event(event)
                         if cancel is not None and cancel.is_set():
                             self._cancel.set()
-                        self._acks.put(event[3])
-                elif kind == "passed":
-                    passed[event[1]] = event[2]
-                elif kind == "stage":
+                        self._acks.put(event.index)
+                elif isinstance(event, StepPassed):
+                    passed[event.rank] = event.index
+                elif isinstance(event, StageStarted):
                     on_event(event)
-                elif kind == "done":
-                    done[event[1]] = event
-                elif kind == "cancelled":
-                    cancelled[event[1]] = event[2]
-                elif kind == "error":
-                    self._blame_dead_rank(event[1], last_step)
-                    raise EngineError(f"rank {event[1]} of layout {self.layout.name} failed"
-                                      + _at_step(event[1], last_step) + f":\n{event[3]}")
+                elif isinstance(event, RankDone):
+                    done[event.rank] = event
+                elif isinstance(event, RankCancelled):
+                    cancelled[event.rank] = event.message
+                elif isinstance(event, RankFailed):
+                    self._blame_dead_rank(event.rank, last_step)
+                    raise EngineError(f"rank {event.rank} of layout {self.layout.name} failed"
+                                      + _at_step(event.rank, last_step) + f":\n{event.traceback}")
         except BaseException:
             self.close()
             raise
@@ -310,9 +199,9 @@ class RankPool:
                 raise EngineError(f"ranks {sorted(cancelled)} stopped but {sorted(done)} finished; "
                                   "the pool was stopped")
             raise Cancelled(cancelled[min(cancelled)])
-        records = [record for rank in sorted(done) for record in done[rank][2]]
-        _, _, _, frames, audio, stage_ms, negative = done[0]
-        return PoolResult(frames, audio, stage_ms, negative, records)
+        records = [record for rank in sorted(done) for record in done[rank].step_records]
+        out = done[0].output
+        return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records)
 
     def close(self, grace_s: float = 5.0) -> None:
         """Stop every rank: ask, then terminate, then kill; leave no process behind."""

@@ -2,9 +2,9 @@
 
 Every answer comes from upstream's own objects: the resolution presets the pipeline
 resolves, its topology validator run on real ``OmniDiffusionConfig`` objects (expert
-parallel, worker counts), the pipeline's modules (a refiner), and the signature of the
-preview evaluation (whether guidance scales and the negative prompt can be passed per
-request). The studio greys out, and ``doctor`` explains, whatever is refused here.
+parallel, worker counts; asked through :mod:`magi2studio.topology`), the pipeline's modules
+(a refiner), and the signature of the preview evaluation (whether guidance scales and the
+negative prompt can be passed per request). The studio greys out, and ``doctor`` explains, whatever is refused here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from typing import Any
 
-PROBED_WORLD_SIZES = tuple(range(1, 9))
+from ...topology import probe, upstream_rules
 
 
 @dataclass(frozen=True)
@@ -44,53 +44,6 @@ class UpstreamCapabilities:
         return asdict(self)
 
 
-def topology_refusal(parallel, **config_kwargs: Any) -> str | None:
-    """Upstream's ``_validate_native_topology`` on a real ``OmniDiffusionConfig``; None when accepted."""
-
-    from vllm_omni.diffusion.data import OmniDiffusionConfig
-    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _validate_native_topology
-
-    from vllm_omni.diffusion.models.magi2 import pipeline_magi2
-
-    config = OmniDiffusionConfig.from_kwargs(model="sand-ai/MAGI-2-preview", model_class_name="Magi2Pipeline",
-                                             parallel_config=parallel, **config_kwargs)
-    # The validator's last check compares the layout with *this* process's torch.distributed
-    # world; here (the studio / CLI process, not a worker) that world is unrelated, e.g. the
-    # embedded engine's own one-process group. Show the validator no world.
-    real_dist = pipeline_magi2.dist
-    pipeline_magi2.dist = _NoWorld(real_dist)
-    try:
-        _validate_native_topology(config)
-    except ValueError as err:
-        return str(err)
-    finally:
-        pipeline_magi2.dist = real_dist
-    return None
-
-
-class _NoWorld:
-    """``torch.distributed`` as seen from a process that is not part of the worker world."""
-
-    def __init__(self, dist) -> None:
-        self._dist = dist
-
-    def __getattr__(self, name: str):
-        return getattr(self._dist, name)
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return False
-
-
-def _probe(ulysses: int, **config_kwargs: Any) -> str | None:
-    from vllm_omni.diffusion.data import DiffusionParallelConfig
-
-    expert = config_kwargs.pop("enable_expert_parallel", False)
-    parallel = DiffusionParallelConfig(ulysses_degree=ulysses, sequence_parallel_size=ulysses,
-                                       enable_expert_parallel=expert)
-    return topology_refusal(parallel, **config_kwargs)
-
-
 @functools.cache
 def detect() -> UpstreamCapabilities:
     from vllm_omni.diffusion.models import magi2
@@ -98,9 +51,8 @@ def detect() -> UpstreamCapabilities:
     from vllm_omni.diffusion.models.magi2.configuration_magi2 import MAGI2_GENERATION_CONFIG as gen
 
     resolutions = dict(pipeline_magi2._RESOLUTION_PRESETS)
-    ep_refusal = _probe(4, enable_expert_parallel=True)
-    qualified = tuple(n for n in PROBED_WORLD_SIZES if _probe(n) is None)
-    offload = 1 if _probe(1, enable_layerwise_offload=True) is None else None
+    ep_refusal = probe(4, expert_parallel=True)
+    rules = upstream_rules()
     modules = [info.name for info in pkgutil.iter_modules(magi2.__path__)]
     evaluate = inspect.signature(pipeline_magi2.Magi2Pipeline._evaluate_preview).parameters
     return UpstreamCapabilities(
@@ -109,8 +61,8 @@ def detect() -> UpstreamCapabilities:
         expert_parallel=ep_refusal is None,
         expert_parallel_refusal=ep_refusal,
         refiner=any("refiner" in name for name in modules) or any("1080" in name for name in resolutions),
-        qualified_world_sizes=qualified,
-        offload_world_size=offload,
+        qualified_world_sizes=rules.qualified_world_sizes,
+        offload_world_size=rules.offload_world_size,
         guidance_per_request=any("guidance" in name for name in evaluate),
         fixed_video_guidance=float(gen.video_guidance_scale),
         fixed_audio_guidance=float(gen.audio_guidance_scale),

@@ -17,7 +17,8 @@ from ...errors import InputError
 from ...layouts import Layout, check_shape
 from ...request import Request, output_size
 from ...tiers import Tier, get_tier
-from .capabilities import UpstreamCapabilities, tier_refusal, topology_refusal
+from ...topology import refusal as topology_refusal
+from .capabilities import UpstreamCapabilities, tier_refusal
 
 COMPILE_MODES = ("static", "dynamic", "eager")
 DEFAULT_COMPILE = "dynamic"  # upstream's defaults: enforce_eager=False, diffusion_compile_dynamic=True
