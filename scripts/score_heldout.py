@@ -99,7 +99,7 @@ def _decode_codes(engine, layout, facts, tier_name: str, seed: int):
 
     tier = get_tier(tier_name)
     engine.start(layout)
-    driver, config = engine._driver, engine.config
+    driver, config = engine._pool.driver, engine.config  # sp1-cfg1: the in-process pool
     scene = make_scene(facts, tier, seed)
     frames = codes.scene_frames(scene, codes.latent_frame_times(tier.frames, config.latent_frames))
     video = codes.encode_frames(frames, config.spatial_stride).unsqueeze(0)
