@@ -1,6 +1,6 @@
 """The job list and what survives a reload, in Debian's Chromium at 1440x900: three jobs queued from one
 page all finish, a reload brings back the form and the last result, a job is cancelled and removed from
-its row. The queue panel's screenshot goes to docs/images/studio-queue.png."""
+its row, Ctrl+Enter in the prompt queues a job. The queue panel's screenshot goes to docs/images/studio-queue.png."""
 
 from __future__ import annotations
 
@@ -102,3 +102,13 @@ def test_cancel_and_remove_a_job_from_its_row(studio, page):
     row(page, 9301).locator("td", has_text=re.compile(r"^cancelled$")).wait_for(timeout=60_000)
     assert "no run folder was kept" in row(page, 9301).inner_text()
     assert not any(f"-s{seed}-" in p.name for p in studio.outputs.iterdir() for seed in (9301, 9302))
+
+
+def test_ctrl_enter_in_the_prompt_queues_a_job(studio, page):
+    page.goto(studio.url)
+    page.locator("#job-panel").wait_for()
+    fill(page, "A dog barks twice at a passing bicycle; a bell rings.", 9401, 3)
+    page.locator("#prompt textarea").press("Control+Enter")
+    row(page, 9401).wait_for(timeout=30_000)
+    row(page, 9401).locator("td", has_text=re.compile(r"^done$")).wait_for(state="attached", timeout=180_000)
+    assert any("-s9401-" in p.name for p in studio.outputs.iterdir())
