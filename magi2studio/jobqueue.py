@@ -286,6 +286,20 @@ class RunnerLock:
             self._file.close()
 
 
+def runner_alive(outputs_root: Path) -> bool:
+    """Whether a process holds the root's :class:`RunnerLock` now (a ``running`` job is only running then)."""
+    path = Path(outputs_root) / RUNNER_LOCK_FILE
+    if not path.is_file():
+        return False
+    with open(path, encoding="utf-8") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(file, fcntl.LOCK_UN)
+        return False
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How one job ended: ``state`` is done, refused, cancelled or failed; ``run`` the folder when done."""

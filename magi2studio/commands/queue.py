@@ -67,9 +67,14 @@ def list_jobs(args: argparse.Namespace) -> int:
     if not state.jobs:
         print(f"no jobs in {Path(args.out) / 'queue.json'}")
         return 0
+    from ..jobqueue import runner_alive
+
+    orphaned = not runner_alive(Path(args.out))
     for job in state.jobs:
         position = state.position(job.id)
         where = f"position {position}" if position else (job.run or job.message or "")
+        if job.state == "running" and orphaned:
+            where = "its runner is gone: it is marked interrupted when a studio or queue run next serves this folder"
         print(f"#{job.ticket:<4} {job.id[:8]}  {job.state:<11} {job.summary()}  {where}")
     print(f"{len(state.waiting())} waiting of at most {state.max_waiting}")
     return 0

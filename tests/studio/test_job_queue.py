@@ -67,6 +67,22 @@ def test_a_job_running_when_the_runner_died_is_marked_interrupted(tmp_path):
     assert state.find(waiting.id).state == "waiting"
 
 
+def test_queue_list_says_when_a_running_jobs_runner_is_gone(tmp_path, capsys):
+    queue = JobQueue(tmp_path)
+    queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli")
+    queue.claim_next()
+    lock = RunnerLock(tmp_path)
+    try:
+        assert jobqueue.runner_alive(tmp_path)
+        assert cli.main(["queue", "list", "--out", str(tmp_path)]) == 0
+        assert "runner is gone" not in capsys.readouterr().out
+    finally:
+        lock.release()
+    assert not jobqueue.runner_alive(tmp_path)  # as after a kill -9 of the runner
+    assert cli.main(["queue", "list", "--out", str(tmp_path)]) == 0
+    assert "running     " in (out := capsys.readouterr().out) and "its runner is gone: it is marked interrupted" in out
+
+
 def test_cancel_and_remove_by_id_prefix_and_their_refusals(tmp_path):
     queue = JobQueue(tmp_path)
     job = queue.add(REQUEST, "sp1-cfg1", owner="a", source="cli")
