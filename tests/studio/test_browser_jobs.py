@@ -39,22 +39,25 @@ def test_a_queue_of_three_from_one_page_all_finish(studio, page):
     page.goto(studio.url)
     page.locator("#job-panel").wait_for()
     seeds = (9101, 9102, 9103)
-    fill(page, "Three paper boats drift down a gutter in the rain; thunder far off.", seeds[0], 3)
-    for seed in seeds:
-        page.get_by_role("tab", name="Generate").click()
+    # The first job is long enough (40 steps) that the other two are queued while it runs;
+    # the next two are short.
+    fill(page, "Three paper boats drift down a gutter in the rain; thunder far off.", seeds[0], 40)
+    page.locator("#generate").click()
+    row(page, seeds[0]).locator("td", has_text=re.compile(r"^running$")).wait_for(timeout=60_000)
+    page.locator("#steps input, #steps textarea").first.fill("3")
+    for seed in seeds[1:]:
         page.locator("#seed input").fill(str(seed))
         page.locator("#seed input").press("Tab")
         page.locator("#generate").click()
-        row(page, seed).wait_for(timeout=30_000)  # queued at once, not dropped while another runs
-    row(page, seeds[2]).locator("td", has_text=re.compile(r"^waiting$")).wait_for(timeout=30_000)
-    assert "position" in row(page, seeds[2]).inner_text()
-    page.locator("#job-panel tr[data-state=running]").first.wait_for(timeout=60_000)
-    page.get_by_role("tab", name="Generate").click()  # a finished job switches the page to Results
+        row(page, seed).wait_for(state="attached", timeout=30_000)  # queued at once, not dropped
+    third = row(page, seeds[2])
+    third.locator("td", has_text=re.compile(r"^waiting$")).wait_for(state="attached", timeout=30_000)
+    assert "position" in third.inner_text()
     page.locator("#job-panel-group").first.scroll_into_view_if_needed()
     IMAGES.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(IMAGES / "studio-queue.png"))
-    for seed in seeds:  # attached: the page may show Results meanwhile
-        row(page, seed).locator("td", has_text=re.compile(r"^done$")).wait_for(state="attached", timeout=240_000)
+    for seed in seeds:  # attached: a finished job switches the page to Results, hiding the list
+        row(page, seed).locator("td", has_text=re.compile(r"^done$")).wait_for(state="attached", timeout=300_000)
         assert "took" in row(page, seed).inner_text()
     # The last one to finish is what Results shows.
     page.get_by_role("tab", name="Results").click()
