@@ -168,8 +168,13 @@ class JobQueue:
 
     # -- changing ---------------------------------------------------------------------------
     @contextmanager
-    def _changing(self) -> Iterator[QueueState]:
-        """The state under both locks; written back whole when the block ends without an error."""
+    def _changing(self, *, creates: bool = False) -> Iterator[QueueState]:
+        """The state under both locks; written back whole when the block ends without an error.
+        Only a change that ``creates`` (adding a job, a runner's bound) makes the folder: with no
+        queue file yet, the others meet an empty state, whose ``find`` refuses before anything is written."""
+        if not creates and not self.path.exists():
+            yield QueueState()
+            return
         with self._thread_lock:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(self.root / LOCK_FILE, "a", encoding="utf-8") as lock:
@@ -181,7 +186,7 @@ class JobQueue:
 
     def add(self, request: dict[str, Any], layout: str, *, owner: str, source: str) -> JobRecord:
         """Append a waiting job, or refuse when ``max_waiting`` jobs already wait (nothing written then)."""
-        with self._changing() as state:
+        with self._changing(creates=True) as state:
             waiting = len(state.waiting())
             if waiting >= state.max_waiting:
                 raise InputError("queue", f"{waiting} runs are already waiting (the limit is {state.max_waiting})",
@@ -236,7 +241,7 @@ class JobQueue:
     def open_for_runner(self, max_waiting: int | None = None) -> list[JobRecord]:
         """At a runner's start: jobs left ``running`` become ``interrupted``; set the bound. Returns those jobs."""
         interrupted = []
-        with self._changing() as state:
+        with self._changing(creates=True) as state:
             if max_waiting is not None:
                 state.max_waiting = max_waiting
             for job in list(state.jobs):

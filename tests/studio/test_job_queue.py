@@ -97,6 +97,14 @@ def test_cancel_and_remove_by_id_prefix_and_their_refusals(tmp_path):
         queue.cancel("abc")
 
 
+@pytest.mark.parametrize("action", ["cancel", "remove"])
+def test_cancel_or_remove_with_no_queue_yet_refuses_and_makes_no_folder(tmp_path, capsys, action):
+    out = tmp_path / "outputs"
+    assert cli.main(["queue", action, "--out", str(out), "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: job: 'nope' is not a job in the queue. Fix: ")
+    assert not out.exists()
+
+
 def test_a_damaged_queue_file_is_refused_never_overwritten(tmp_path):
     (tmp_path / "queue.json").write_text('{"version": 1, "jobs": [', encoding="utf-8")
     with pytest.raises(InputError, match=r"^queue: .*queue.json is not valid JSON .*Fix: move queue.json away"):
