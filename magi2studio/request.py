@@ -23,7 +23,7 @@ MAX_PROMPT_CHARS = 200_000
 MAX_STEPS = 1000
 MAX_REFINER_STEPS = 50
 MAX_SEED = 2**63 - 1
-RANDOM_SEED = -1  # asked for in the studio: a seed is drawn, and the run records the drawn one
+RANDOM_SEED = -1  # asked for (studio or --seed -1): a seed is drawn, and the run records the drawn one
 DRAWN_SEED_BOUND = 2**31  # drawn seeds stay below it, short enough to read out and type back
 IMAGE_MIN_SIDE = 16
 IMAGE_MAX_SIDE = 8192
@@ -100,6 +100,20 @@ class Request(BaseModel):
 def draw_seed() -> int:
     """A fresh random seed (from the OS's entropy, not torch's or Python's seeded generators)."""
     return secrets.randbelow(DRAWN_SEED_BOUND)
+
+
+def build_request_seeding(**fields: Any) -> tuple[Request, bool]:
+    """:func:`build_request` at a door that takes seed -1 (the CLI's flags, the studio form): -1 draws
+    a seed, and the second value says it did; a seed refusal names -1 in its fix."""
+    drawn = whole_number(fields.get("seed"), "seed") == RANDOM_SEED
+    if drawn:
+        fields["seed"] = draw_seed()
+    try:
+        return build_request(**fields), drawn
+    except InputError as err:
+        if err.field == "seed":
+            raise InputError("seed", err.problem, f"{err.fix}, or -1 for a random seed") from None
+        raise
 
 
 def whole_number(value: Any, field: str) -> Any:

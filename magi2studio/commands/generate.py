@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..paths import read_text
-from ..request import MAX_PROMPT_FILE_BYTES, Request, build_request, read_prompt_file, whole_number
+from ..request import (MAX_PROMPT_FILE_BYTES, RANDOM_SEED, Request, build_request_seeding, read_prompt_file,
+                       whole_number)
 
 DEFAULT_OUT = Path("outputs")
 MAX_REQUEST_BYTES = 2 * MAX_PROMPT_FILE_BYTES  # a request holds its prompt and a negative prompt
@@ -20,7 +21,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", help="first-frame image: makes the request I2VA")
     parser.add_argument("--negative-prompt", help="default: the engine's (upstream's DEFAULT_NEGATIVE_PROMPT)")
     parser.add_argument("--tier", default=None, help="272p, 540p or 1080p (default 272p)")
-    parser.add_argument("--seed", default=None, help="whole number (default 42)")
+    parser.add_argument("--seed", default=None, help="whole number (default 42); -1 draws one, which the run records")
     parser.add_argument("--steps", default=None, help="denoising steps (default: the engine's)")
     parser.add_argument("--refiner-steps", default=None, help="1080p refiner steps (default 5)")
     parser.add_argument("--output-width", default=None, help="delivered width (default: the tier's generated size)")
@@ -53,7 +54,12 @@ def request_from_args(args: argparse.Namespace) -> Request:
         value = whole_number(getattr(args, key), key)
         if value is not None:
             fields[key] = value
-    return build_request(**fields)
+    return build_request_seeding(**fields)[0]
+
+
+def seed_asked_random(args: argparse.Namespace) -> bool:
+    """``--seed -1``: :func:`request_from_args` drew the request's seed."""
+    return whole_number(args.seed, "seed") == RANDOM_SEED
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,11 +113,16 @@ def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     layout = parse_layout(args.layout)
     engine = get_engine(args.engine, **engine_options(args))
-    # execute() checks the outputs root and the layout before the engine starts. Closing the engine
-    # lets go of what it holds (an in-process world, ranks, a child), also when main() runs in-process.
+    # The plan checks the request and layout before the outputs root is made or the engine starts.
+    # Closing the engine lets go of what it holds (an in-process world, ranks, a child), also when
+    # main() runs in-process.
     try:
+        plan = engine.plan(request, layout)
+        if seed_asked_random(args):
+            plan = plan.with_seed_drawn()
+            print(f"seed: -1 drew {request.seed}", file=sys.stderr)
         with ConsoleProgress() as progress:
-            folder = runs.execute(engine, request, layout, Path(args.out), on_progress=progress)
+            folder = runs.execute_plan(engine, plan, Path(args.out), on_progress=progress)
     finally:
         engine.close()
     print_summary(folder)

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
-from .generate import DEFAULT_OUT, add_request_arguments, add_server_arguments, engine_options, request_from_args
+from .generate import (DEFAULT_OUT, add_request_arguments, add_server_arguments, engine_options, request_from_args,
+                       seed_asked_random)
 
 
 def register(sub) -> None:
@@ -92,6 +93,8 @@ def add_job(args: argparse.Namespace) -> int:
     check_outputs_root(Path(args.out))
     job = _queue(args).add(plan.request.model_dump(mode="json"), plan.layout.name, owner="cli", source="cli")
     state = _queue(args).read()
+    if seed_asked_random(args):
+        print(f"seed: -1 drew {plan.request.seed}")
     print(f"queued #{job.ticket} {job.id} at position {state.position(job.id)} in {Path(args.out) / 'queue.json'}")
     return 0
 

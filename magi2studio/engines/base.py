@@ -11,14 +11,14 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from ..layouts import Layout
-from ..request import Request
+from ..request import RANDOM_SEED, Request
 from ..tiers import Tier, get_tier
 
 @dataclass(frozen=True)
@@ -36,6 +36,10 @@ class Plan:
     layout: Layout
     resolved: Mapping[str, Any]
     warnings: tuple[str, ...] = ()
+
+    def with_seed_drawn(self) -> Plan:
+        """This plan, its manifest recording that seed -1 was asked and the request's seed was drawn."""
+        return replace(self, resolved=MappingProxyType({**self.resolved, "seed_asked": RANDOM_SEED}))
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,14 @@ which error line of the form shows it.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from ..engines.base import Capabilities, Engine, Plan
 from ..errors import InputError
 from ..layouts import PRESETS, Layout, check_shape, parse_layout
 from ..paths import inside
-from ..request import RANDOM_SEED, Request, build_request, check_image, draw_seed, read_prompt_file, whole_number
+from ..request import Request, build_request_seeding, check_image, read_prompt_file, whole_number
 
 CUSTOM = "custom"
 ENGINE_DEFAULT = "engine default"
@@ -218,17 +216,12 @@ def plan_from_form(values: dict[str, Any], capabilities: Capabilities, engine: E
         fields["prompt_file"] = Path(fields["prompt_file"]).name
         if not prompt.strip():
             fields["prompt"] = text
-    asked_random = fields["seed"] == RANDOM_SEED
-    if asked_random:
-        fields["seed"] = draw_seed()
     try:
-        request = build_request(**{k: v for k, v in fields.items()
-                                   if v is not None or k in ("prompt_file", "image")})
+        request, asked_random = build_request_seeding(**{k: v for k, v in fields.items()
+                                                         if v is not None or k in ("prompt_file", "image")})
     except InputError as err:
         if err.field == "image" and fields["image"]:
             raise _naming_the_file(err, fields["image"]) from None
-        if err.field == "seed":
-            raise InputError("seed", err.problem, f"{err.fix}, or -1 for a random seed") from None
         raise
     reason = capabilities.tiers.get(request.tier)
     if reason:
@@ -239,5 +232,5 @@ def plan_from_form(values: dict[str, Any], capabilities: Capabilities, engine: E
     layout = layout_from_form(values.get("layout_preset"), values.get("sp"), values.get("cfg"), values.get("ep"))
     plan = engine.plan(request, layout)
     if asked_random:
-        plan = replace(plan, resolved=MappingProxyType({**plan.resolved, "seed_asked": RANDOM_SEED}))
+        plan = plan.with_seed_drawn()
     return plan

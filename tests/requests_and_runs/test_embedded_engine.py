@@ -106,6 +106,20 @@ def test_cli_generate_writes_a_playable_mp4_and_replay_matches(tmp_path):
     assert "frames_sha256: match" in replay.stdout and "pcm_sha256: match" in replay.stdout
 
 
+def test_cli_generate_seed_minus_one_draws_a_seed_the_manifest_records_and_replay_repeats(tmp_path):
+    out = tmp_path / "outputs"
+    result = _cli("generate", "--prompt", "A lantern swings in the wind", "--seed", "-1", "--steps", "2",
+                  "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (folder,) = [p for p in out.iterdir() if runs.is_complete(p)]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    drawn = manifest["request"]["seed"]
+    assert 0 <= drawn < 2**31 and manifest["resolved"]["seed_asked"] == -1
+    assert f"seed: -1 drew {drawn}" in result.stderr and f"-s{drawn}-" in folder.name
+    replay = _cli("replay", str(folder), cwd=tmp_path)  # the drawn seed is the request's: it repeats
+    assert replay.returncode == 0 and "frames_sha256: match" in replay.stdout, replay.stderr[-2000:]
+
+
 BAD_CLI = [
     (["--prompt", "  "], "prompt"),
     (["--prompt-file", "missing.txt"], "prompt_file"),

@@ -165,6 +165,16 @@ def test_queue_list_add_cancel_from_the_command_line(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)[0]["state"] == "cancelled"
 
 
+def test_queue_add_seed_minus_one_queues_a_drawn_seed_and_says_which(tmp_path, capsys):
+    out = tmp_path / "outputs"
+    assert cli.main(["queue", "add", "--out", str(out), "--prompt", "A kite", "--seed", "-1"]) == 0
+    (job,) = JobQueue(out).read().jobs
+    assert 0 <= job.request["seed"] < 2**31
+    assert capsys.readouterr().out.startswith(f"seed: -1 drew {job.request['seed']}\nqueued #1 ")
+    assert cli.main(["queue", "add", "--out", str(out), "--prompt", "A kite", "--seed", "-2"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("or -1 for a random seed")
+
+
 def test_queue_run_refuses_while_a_studio_serves_the_root(studio, capsys):
     assert cli.main(["queue", "run", "--out", str(studio.outputs)]) == 2
     assert "is already served by pid" in capsys.readouterr().err
