@@ -42,7 +42,9 @@ BACKGROUNDS: dict[str, tuple[int, int, int]] = {"grey": (128, 128, 128), "black"
 # Travel along one axis while hopping on the floor or zig-zagging between the side walls;
 # or bounce in place (up and down on the floor, side to side between the walls).
 MOTIONS = ("left_to_right", "right_to_left", "top_to_bottom", "bottom_to_top", "up_and_down", "side_to_side")
-PITCHES: dict[str, int] = {"low": 440, "high": 1760}  # Hz, two octaves apart
+# Hz, two octaves apart: the tones the tiny model's audio decoder sounds at 5 latents/s and five
+# strides of 4 (a period-4 carrier at its last two stages, training.latents.audio_pitches).
+PITCHES: dict[str, int] = {"low": 320, "high": 1280}
 
 BEEP_SECONDS = 0.12
 BEEP_AMPLITUDE = 0.5

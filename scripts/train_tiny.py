@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {k: v for k, v in (("scenes", args.scenes), ("dit_steps", args.dit_steps), ("batch", args.batch),
-                                   ("decoder_steps", args.decoder_steps), ("audio_decoder_steps", args.decoder_steps),
+                                   ("decoder_steps", args.decoder_steps),
                                    ("log_every", args.log_every))
                  if v is not None}
     settings = trainer.TrainSettings(seed=args.seed, **overrides)
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         if phase == "decoders":
             generator = torch.Generator().manual_seed(args.seed + 1)
             trainer.fit_video_decoder(components.video_decoder, examples, settings, log, generator)
-            trainer.fit_audio_decoder(components.audio_decoder, examples, config, settings, log, generator)
+            trainer.set_audio_decoder(components.audio_decoder)
             _save(args.work / "decoders.pt", {"turbo": trainer.turbo_state(components.video_decoder),
                                              "oobleck": trainer.oobleck_state(components.audio_decoder)})
         elif phase == "dit":

@@ -135,3 +135,90 @@ def audio_target(scene: Scene, output_rate: float) -> torch.Tensor:
     mono = np.pad(mono, (0, max(0, samples - len(mono))))[:samples]
     return torch.from_numpy(np.stack([mono, mono]).astype(np.float32))
 
+
+
+# -- the audio decoder, set as the code's inverse ---------------------------------------------------
+# Oobleck's widths for it: channels 2, c_mults (1, 1, 2, 8, 32): 64 -> 16 -> 4 -> 2 -> 2 -> 2.
+AUDIO_DECODER_CHANNELS = 2
+AUDIO_DECODER_MULTIPLES = (1, 1, 2, 8, 32)
+AUDIO_DECODER_STRIDES = (4, 4, 4, 4, 4)
+SNAKE_OFF = 40.0  # log beta: Snake's sin^2 term is scaled by exp(-40), so it passes x through
+_CARRIER = (math.sqrt(0.5), math.sqrt(0.5), -math.sqrt(0.5), -math.sqrt(0.5))  # sin(pi t / 2 + pi / 4)
+_LINEAR = (0.125, 0.375, 0.625, 0.875, 0.875, 0.625, 0.375, 0.125)  # stride-4 linear interpolation
+
+
+def audio_pitches(latent_fps: float, strides: tuple[int, ...] = AUDIO_DECODER_STRIDES) -> dict[str, float]:
+    """The tones the set decoder sounds: a period-4 carrier at its last two stages' rates."""
+
+    rate = latent_fps * math.prod(strides)
+    return {"low": rate / 16, "high": rate / 4}
+
+
+def audio_decoder_weights(gain: float = BEEP_AMPLITUDE / math.sqrt(0.5)) -> dict[str, torch.Tensor]:
+    """Weights (plain, before weight norm) under which upstream's Oobleck decoder inverts :func:`encode_audio`.
+
+    The decoder is linear here (Snake passes through, every residual unit adds zero). Its first
+    conv turns the code's ``[-1, 1]`` into the envelope's ``[0, 1]``; the first three transposed
+    convs move the 32 sub-steps from channels into time (8 x 4 x 2 positions, a pixel shuffle),
+    leaving one envelope channel per pitch at 320 samples a latent; the fourth multiplies the low
+    channel by a period-4 carrier (``rate / 16``) and holds the high one, the fifth interpolates
+    the low one and multiplies the high one by the carrier (``rate / 4``); the output conv adds
+    them into both audio channels at the beep's amplitude. A transposed conv of stride 4 and
+    padding 2 puts input ``n``'s tap ``k`` at output ``4 n + k - 2``: position ``a`` is tap ``a + 2``.
+    """
+
+    half = AUDIO_SUBSTEPS
+    conv1 = torch.zeros(2 * half, AUDIO_CHANNELS, 7)
+    conv1[torch.arange(2 * half), torch.arange(2 * half), 3] = 0.5
+    stage1 = torch.zeros(2 * half, 16, 8)  # substep j = 8a + r -> channel (p, r) at position a
+    stage2 = torch.zeros(16, 4, 8)  # r = 2b + q -> channel (p, q) at position b
+    stage3 = torch.zeros(4, 2, 8)  # q -> channel p at positions 2q, 2q + 1
+    for p in range(2):
+        for a in range(4):
+            for r in range(8):
+                stage1[p * half + 8 * a + r, p * 8 + r, a + 2] = 1.0
+        for b in range(4):
+            for q in range(2):
+                stage2[p * 8 + 2 * b + q, p * 2 + q, b + 2] = 1.0
+        for q in range(2):
+            stage3[p * 2 + q, p, 2 * q + 2] = stage3[p * 2 + q, p, 2 * q + 3] = 1.0
+    stage4 = torch.zeros(2, 2, 8)
+    stage5 = torch.zeros(2, 2, 8)
+    for a in range(4):
+        stage4[0, 0, a + 2] = _CARRIER[a]  # low: carrier at 1280/4 of this stage's output rate
+        stage4[1, 1, a + 2] = 1.0  # high: held
+        stage5[1, 1, a + 2] = _CARRIER[a]
+    stage5[0, 0] = torch.tensor(_LINEAR)
+    conv2 = torch.zeros(2, 2, 7)
+    conv2[:, :, 3] = gain
+    return {"conv1.weight": conv1, "conv1.bias": torch.full((2 * half,), 0.5),
+            **{f"block.{i}.conv_t1.weight": w for i, w in enumerate((stage1, stage2, stage3, stage4, stage5))},
+            "conv2.weight": conv2}
+
+
+def audio_decoder_state(decoder: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of upstream's (diffusers') Oobleck decoder module set to invert the audio code.
+
+    Weight-normed convs get ``v`` = the weight and ``g`` = its norm; where a weight is zero
+    (the residual units' last conv) ``g`` is 0 and ``v`` stays the module's (nonzero) own.
+    """
+
+    weights = audio_decoder_weights()
+    state = {key: value.detach().clone() for key, value in decoder.state_dict().items()}
+    for key in state:
+        if key.endswith(".bias"):
+            state[key] = torch.zeros_like(state[key])
+        elif key.endswith(".alpha"):
+            state[key] = torch.zeros_like(state[key])
+        elif key.endswith(".beta"):
+            state[key] = torch.full_like(state[key], SNAKE_OFF)
+        elif key.endswith(".weight_g") and ".res_unit" in key and ".conv2." in key:
+            state[key] = torch.zeros_like(state[key])
+    for name, weight in weights.items():
+        if name.endswith(".bias"):
+            state[name] = weight
+            continue
+        stem = name[: -len(".weight")]
+        state[f"{stem}.weight_v"] = weight
+        state[f"{stem}.weight_g"] = weight.flatten(1).norm(dim=1).reshape(state[f"{stem}.weight_g"].shape)
+    return state

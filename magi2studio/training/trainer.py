@@ -47,10 +47,12 @@ SHIFT = 7.0  # the preview schedule's shift (build_magi2_preview_schedulers)
 def trained_config(seed: int = 0) -> TinyConfig:
     """The tiny config the trained weights use: today's at half the DiT width and with prompts
     cut at 80 tokens (a caption with the I2VA figure line is at most 67), so that a CPU can
-    train it, with an audio decoder fast enough to sound a 1760 Hz beep (5 strides of 4:
-    5 latents/s x 1024 = 5120 samples/s)."""
+    train it, with the audio decoder that :func:`latents.audio_decoder_state` sets (5 strides
+    of 4: 5 latents/s x 1024 = 5120 samples/s, widths 64 -> 16 -> 4 -> 2)."""
 
-    return replace(TinyConfig(seed=seed), hidden_size=128, text_max_length=80, audio_strides=(4, 4, 4, 4, 4),
+    return replace(TinyConfig(seed=seed), hidden_size=128, text_max_length=80,
+                   audio_strides=codes.AUDIO_DECODER_STRIDES, audio_decoder_channels=codes.AUDIO_DECODER_CHANNELS,
+                   audio_decoder_multiples=codes.AUDIO_DECODER_MULTIPLES,
                    extra={"weights": "trained", "codes": "magi2studio.training.latents"})
 
 
@@ -60,7 +62,6 @@ class TrainSettings:
     tier: str = "272p"
     scenes: int = 256  # distinct training clips (held-out combinations never drawn)
     decoder_steps: int = 500
-    audio_decoder_steps: int = 500
     dit_steps: int = 900
     batch: int = 8
     lr: float = 1e-3
@@ -78,7 +79,6 @@ class Example:
     audio: torch.Tensor  # [L, 64] latent code
     first_frame: np.ndarray  # uint8 [H, W, 3] (the I2VA reference)
     decoded: torch.Tensor  # [3, 2T-1, H/8, W/8] decoder target
-    pcm: torch.Tensor  # [2, samples] audio decoder target
 
 
 @dataclass
@@ -100,7 +100,6 @@ def make_examples(config: TinyConfig, settings: TrainSettings,
     tier = get_tier(settings.tier)
     stream = scenes or sample_scenes(settings.seed, tier, "train")
     decoded_at = codes.decoded_frame_times(tier.frames, config.latent_frames)
-    rate = config.audio_latent_fps * math.prod(config.audio_strides)
     examples = []
     for _ in range(settings.scenes):
         scene = next(stream)
@@ -111,7 +110,6 @@ def make_examples(config: TinyConfig, settings: TrainSettings,
             audio=codes.encode_audio(scene, config.audio_latent_fps),
             first_frame=frames[0],
             decoded=codes.decoder_target(frames),
-            pcm=codes.audio_target(scene, rate),
         ))
     return examples
 
@@ -155,54 +153,12 @@ def _object_weighted_mse(output: torch.Tensor, target: torch.Tensor, weight: flo
     return ((output - target) ** 2 * (1.0 + weight * off)).mean()
 
 
-def _stft_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Multi-resolution log-magnitude STFT distance plus a little waveform L1 (phase-free pitch)."""
+def set_audio_decoder(decoder) -> None:
+    """Upstream's Oobleck decoder set to the audio code's exact inverse (not fitted: fits of 400 to
+    1500 steps made one tone for both pitches, docs/training.md)."""
 
-    total = 0.1 * (output - target).abs().mean()
-    flat_out, flat_target = output.reshape(-1, output.shape[-1]), target.reshape(-1, target.shape[-1])
-    for n_fft in (64, 256, 1024):
-        window = torch.hann_window(n_fft)
-        spec_out = torch.stft(flat_out, n_fft, n_fft // 4, window=window, return_complex=True).abs()
-        spec_target = torch.stft(flat_target, n_fft, n_fft // 4, window=window, return_complex=True).abs()
-        total = total + (spec_out - spec_target).abs().mean() + (
-            torch.log(spec_out + 1e-4) - torch.log(spec_target + 1e-4)).abs().mean() * 0.1
-    return total
-
-
-def fit_audio_decoder(decoder, examples: list[Example], config: TinyConfig, settings: TrainSettings,
-                      log: TrainLog, generator: torch.Generator, crop_latents: int = 4) -> None:
-    module = decoder.decoder
-    module.train().requires_grad_(True)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=2e-3, weight_decay=0.0)
-    schedule = _cosine(optimizer, settings.audio_decoder_steps)
-    hop = math.prod(config.audio_strides)
-    for step in range(settings.audio_decoder_steps):
-        pick = torch.randint(len(examples), (settings.batch,), generator=generator).tolist()
-        starts = torch.tensor([_audio_crop(examples[i], crop_latents, generator) for i in pick])
-        latent = torch.stack([examples[i].audio[s:s + crop_latents] for i, s in zip(pick, starts.tolist())])
-        target = torch.stack([examples[i].pcm[:, s * hop:(s + crop_latents) * hop]
-                              for i, s in zip(pick, starts.tolist())])
-        output = module(latent.transpose(1, 2))
-        loss = _stft_loss(output, target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        if step % settings.log_every == 0 or step == settings.audio_decoder_steps - 1:
-            log.add("audio_decoder", step, stft=loss.item())
-    module.eval().requires_grad_(False)
-
-
-def _audio_crop(example: Example, crop_latents: int, generator: torch.Generator) -> int:
-    """A crop start; three crops in four hold a beep (beeps are sparse: silent crops teach silence)."""
-
-    latents = example.audio.shape[0]
-    loud = (example.audio.amax(dim=1) > -0.5).nonzero().flatten()
-    if len(loud) and float(torch.rand((), generator=generator)) < 0.75:
-        centre = int(loud[int(torch.randint(len(loud), (), generator=generator))])
-        return max(0, min(latents - crop_latents, centre - int(torch.randint(crop_latents, (), generator=generator))))
-    return int(torch.randint(latents - crop_latents + 1, (), generator=generator))
+    decoder.decoder.load_state_dict(codes.audio_decoder_state(decoder.decoder))
+    decoder.decoder.eval().requires_grad_(False)
 
 
 # -- the DiT ----------------------------------------------------------------------------------

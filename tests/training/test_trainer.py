@@ -22,7 +22,7 @@ def setup(tmp_path_factory):
     try:
         components = load_components(base)
         components.image_encoder.load_state_dict(codes.image_encoder_state(config.spatial_stride))
-        settings = trainer.TrainSettings(scenes=3, decoder_steps=3, audio_decoder_steps=3, dit_steps=1, batch=2)
+        settings = trainer.TrainSettings(scenes=3, decoder_steps=3, dit_steps=1, batch=2)
         yield config, base, components, trainer.make_examples(config, settings), settings
     finally:
         upstream_patches.let_go_of_world_of_one()
@@ -84,7 +84,7 @@ def test_the_trained_checkpoint_loads_back_into_upstreams_classes(setup, tmp_pat
     log = trainer.TrainLog(settings.as_dict(), config.digest)
     generator = torch.Generator().manual_seed(0)
     trainer.fit_video_decoder(components.video_decoder, examples, settings, log, generator)
-    trainer.fit_audio_decoder(components.audio_decoder, examples, config, settings, log, generator)
+    trainer.set_audio_decoder(components.audio_decoder)
     dit = {k: v + 0.01 for k, v in components.transformer.state_dict().items()}  # differs from the base
     out = trainer.write_trained_checkpoint(base, tmp_path / "trained", config, dit=dit,
                                            turbo=trainer.turbo_state(components.video_decoder),
@@ -96,11 +96,36 @@ def test_the_trained_checkpoint_loads_back_into_upstreams_classes(setup, tmp_pat
             torch.testing.assert_close(tensor, dit[name])
     torch.testing.assert_close(loaded.video_decoder.decoder.state_dict(), components.video_decoder.decoder.state_dict())
     torch.testing.assert_close(loaded.audio_decoder.decoder.state_dict(), components.audio_decoder.decoder.state_dict())
-    assert len(log.phases["video_decoder"]) and len(log.phases["audio_decoder"])
+    assert len(log.phases["video_decoder"])
     engine = EmbeddedEngine(weights=str(out))
     assert engine.config == config
     info = engine.info()
     assert info["weights"] == str(out) and info["weights_sha256"] == tree_sha256(out)
+
+
+def test_the_set_audio_decoder_sounds_each_held_out_scene_s_pitch_at_its_bounces(setup):
+    """Upstream's Oobleck decoder with the set weights inverts the code: the spectral peak is the
+    scene's pitch and every beep starts within 10 ms of the scene's; the code's halves swapped
+    give the other pitch."""
+    import math
+
+    from magi2studio.scenes import HELD_OUT, PITCHES, make_scene
+    from magi2studio.score import analyse_audio
+
+    config, _, components, _, _ = setup
+    assert codes.audio_pitches(config.audio_latent_fps) == PITCHES
+    trainer.set_audio_decoder(components.audio_decoder)
+    rate = config.audio_latent_fps * math.prod(config.audio_strides)
+    for facts in [f for f in HELD_OUT if f.pitch == "low"][:2] + [f for f in HELD_OUT if f.pitch == "high"][:2]:
+        scene = make_scene(facts, "272p", 0)
+        code = codes.encode_audio(scene, config.audio_latent_fps)
+        with torch.no_grad():
+            heard = analyse_audio(components.audio_decoder.decoder(code.T[None])[0].numpy().T, rate)
+            swapped = analyse_audio(components.audio_decoder.decoder(code.roll(32, dims=1).T[None])[0].numpy().T, rate)
+        expected = analyse_audio(codes.audio_target(scene, rate).numpy().T, rate)
+        assert heard.pitch == facts.pitch and swapped.pitch != facts.pitch
+        assert len(heard.onsets) == len(expected.onsets) == len(scene.bounce_times)
+        assert max(abs(a - b) for a, b in zip(heard.onsets, expected.onsets)) <= 0.010
 
 
 def test_a_weights_folder_that_is_not_a_checkpoint_is_refused(tmp_path):

@@ -245,6 +245,7 @@ def _write_audio_decoder(config: TinyConfig, folder: Path, generator: torch.Gene
     folder.mkdir(parents=True)
     strides = list(config.audio_strides)
     channels = config.audio_decoder_channels
+    multiples = list(config.audio_decoder_multiples) or [1] * len(strides)
     model_config = {
         "sample_rate": 44100,
         "model_type": "diffusion_cond",
@@ -252,14 +253,14 @@ def _write_audio_decoder(config: TinyConfig, folder: Path, generator: torch.Gene
             "downsampling_ratio": math.prod(strides),
             "encoder": {"type": "oobleck", "config": {"channels": channels}},
             "decoder": {"type": "oobleck", "config": {
-                "channels": channels, "c_mults": [1] * len(strides), "strides": strides,
+                "channels": channels, "c_mults": multiples, "strides": strides,
                 "latent_dim": 64, "out_channels": 2, "use_nearest_upsample": False, "final_tanh": False,
             }},
         }}},
     }
     (folder / "model_config.json").write_text(json.dumps(model_config, indent=2), encoding="utf-8")
     decoder = AutoencoderOobleck(
-        encoder_hidden_size=channels, downsampling_ratios=strides, channel_multiples=[1] * len(strides),
+        encoder_hidden_size=channels, downsampling_ratios=strides, channel_multiples=multiples,
         decoder_channels=channels, decoder_input_channels=64, audio_channels=2, sampling_rate=44100,
     ).decoder
     state = {}

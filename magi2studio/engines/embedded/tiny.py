@@ -44,6 +44,8 @@ class TinyConfig:
     turbo_channels: tuple[int, ...] = (16, 16)
     audio_decoder_channels: int = 8
     audio_strides: tuple[int, ...] = (2, 2, 2, 2, 2)
+    # Oobleck's c_mults (the decoder narrows from channels * the last to channels * 1); empty: all 1.
+    audio_decoder_multiples: tuple[int, ...] = ()
     # Default denoising steps: the tier's own 100 (about 15 s at 272p on 2 cores).
     default_steps: int = 100
     default_refiner_steps: int = 5
@@ -136,7 +138,7 @@ class TinyConfig:
     @classmethod
     def from_json(cls, text: str) -> TinyConfig:
         data = json.loads(text)
-        for key in ("multimodal_layers", "moe_layers", "turbo_channels", "audio_strides",
+        for key in ("multimodal_layers", "moe_layers", "turbo_channels", "audio_strides", "audio_decoder_multiples",
                     "refiner_multimodal_layers", "refiner_local_attn_layers"):
             data[key] = tuple(data[key])
         return cls(**data)
