@@ -121,7 +121,7 @@ def build(ctx: StudioContext) -> None:
                                                 "(Ctrl+Enter generates)")
                 prompt_file = uploads_only(gr.File(label=f"Load a {F.label('prompt_file').lower()} "
                                                          f"({F.help_text('prompt_file')})",
-                                                   elem_id="prompt-file", height=140), "prompt_file")
+                                                   elem_id="prompt-file", height=170), "prompt_file")
                 errors["prompt"] = _error_line("", "prompt")
                 # Under the prompt, so it stays above the fold at 1440x900 with the layout's verdict.
                 with gr.Row():
