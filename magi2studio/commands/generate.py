@@ -97,8 +97,8 @@ def register(sub) -> None:
     parser.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
     parser.add_argument("--engine", default="embedded", help="embedded, vllm-omni or vllm-omni-server")
     parser.add_argument("--weights", default=None,
-                        help="embedded engine: random (seeded weights) or a tiny checkpoint folder "
-                             "(default: $MAGI2_EMBEDDED_WEIGHTS, else the engine's default)")
+                        help="embedded engine: random (seeded weights), trained (the shipped trained checkpoint) "
+                             "or a tiny checkpoint folder (default: $MAGI2_EMBEDDED_WEIGHTS, else random)")
     add_server_arguments(parser)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="outputs root (default ./outputs)")
     parser.set_defaults(func=run)

@@ -134,3 +134,18 @@ def test_a_weights_folder_that_is_not_a_checkpoint_is_refused(tmp_path):
     with pytest.raises(InputError) as err:
         EmbeddedEngine(weights=str(tmp_path))
     assert err.value.field == "weights"
+
+
+def test_the_shipped_trained_weights_match_their_pin_and_a_changed_byte_is_refused(tmp_path, monkeypatch):
+    import shutil
+
+    from magi2studio.engines.embedded import tiny_weights
+
+    assert tiny_weights.checkpoint_folder("trained") == tiny_weights.TRAINED_FOLDER
+    copy = tmp_path / "tiny-trained"
+    shutil.copytree(tiny_weights.TRAINED_FOLDER, copy)
+    config = copy / "magi2studio-tiny.json"
+    config.write_text(config.read_text() + " ")
+    monkeypatch.setattr(tiny_weights, "TRAINED_FOLDER", copy)
+    with pytest.raises(InputError, match=r"^weights: the shipped trained checkpoint .* not the pinned .*Fix: restore"):
+        tiny_weights.checkpoint_folder("trained")

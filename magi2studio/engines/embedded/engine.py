@@ -23,7 +23,7 @@ from .components import STAND_INS
 from .rank import InProcessPool, Job, StageStarted, StepFinished
 from .pool import RankPool
 from .tiny import TinyConfig
-from .tiny_weights import RANDOM, checkpoint_folder, requested_weights, tree_sha256
+from .tiny_weights import RANDOM, TRAINED, TRAINED_SHA256, checkpoint_folder, requested_weights, tree_sha256
 
 log = logging.getLogger(__name__)
 ENGINE_NAME = "embedded"
@@ -137,6 +137,8 @@ class EmbeddedEngine(Engine):
     def weights_note(self) -> str:
         if self.weights == RANDOM:
             return "generated (seeded random) weights"
+        if self.weights == TRAINED:
+            return "the shipped trained tiny weights"
         return f"the tiny checkpoint folder {self._weights_folder}"
 
     def _weights_info(self) -> dict:
@@ -144,8 +146,8 @@ class EmbeddedEngine(Engine):
 
         if self._weights_folder is None:
             return {"weights": RANDOM}
-        if self._weights_sha256 is None:
-            self._weights_sha256 = tree_sha256(self._weights_folder)
+        if self._weights_sha256 is None:  # the shipped one was checked against its pin at the door
+            self._weights_sha256 = TRAINED_SHA256 if self.weights == TRAINED else tree_sha256(self._weights_folder)
         return {"weights": str(self._weights_folder), "weights_sha256": self._weights_sha256}
 
     def _stop(self) -> None:

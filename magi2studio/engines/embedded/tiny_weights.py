@@ -1,9 +1,11 @@
-"""Which tiny weights the embedded engine runs: the seeded random tree, or a trained folder.
+"""Which tiny weights the embedded engine runs: the seeded random tree, the shipped trained one, or a folder.
 
 ``random`` (the default) generates the seeded tree of :mod:`.checkpoint`, which the wiring
-tests pin. Any other value is a checkpoint folder in the released layout, such as one written
-by ``scripts/train_tiny.py``; its own ``magi2studio-tiny.json`` gives its config. The choice
-comes from the engine's ``weights`` argument, else ``$MAGI2_EMBEDDED_WEIGHTS``.
+tests pin. ``trained`` is the checkpoint shipped in ``magi2studio/data/tiny-trained`` (made by
+``scripts/train_tiny.py``, docs/training.md), checked against its pinned tree sha256; the demo
+runs it. Any other value is a checkpoint folder in the released layout; its own
+``magi2studio-tiny.json`` gives its config. The choice comes from the engine's ``weights``
+argument, else ``$MAGI2_EMBEDDED_WEIGHTS``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from .tiny import TINY_CONFIG_FILE
 
 WEIGHTS_ENV = "MAGI2_EMBEDDED_WEIGHTS"
 RANDOM = "random"
+TRAINED = "trained"
+TRAINED_FOLDER = Path(__file__).resolve().parents[2] / "data" / "tiny-trained"
+TRAINED_SHA256 = "dd619332c21e24ef2c72bdeec80ee202eea19f66fd8eb52ef03401660e1302fa"
 
 
 def requested_weights(weights: str | None = None) -> str:
@@ -28,11 +33,18 @@ def checkpoint_folder(weights: str) -> Path | None:
 
     if weights == RANDOM:
         return None
+    if weights == TRAINED:
+        found = tree_sha256(TRAINED_FOLDER) if (TRAINED_FOLDER / TINY_CONFIG_FILE).is_file() else "missing"
+        if found != TRAINED_SHA256:
+            raise InputError("weights", f"the shipped trained checkpoint {TRAINED_FOLDER} has tree sha256 {found}, "
+                             f"not the pinned {TRAINED_SHA256}",
+                             "restore it (git checkout -- magi2studio/data/tiny-trained, or reinstall magi2studio)")
+        return TRAINED_FOLDER
     folder = Path(weights).expanduser()
     if not (folder / TINY_CONFIG_FILE).is_file():
         raise InputError("weights", f"{folder} is not a tiny checkpoint folder (it has no {TINY_CONFIG_FILE})",
-                         f"use {RANDOM}, or a folder written by scripts/train_tiny.py (set ${WEIGHTS_ENV} or "
-                         "--weights)")
+                         f"use {RANDOM}, {TRAINED}, or a folder written by scripts/train_tiny.py "
+                         f"(set ${WEIGHTS_ENV} or --weights)")
     return folder.resolve()
 
 
