@@ -206,9 +206,7 @@ def audio_decoder_state(decoder: torch.nn.Module) -> dict[str, torch.Tensor]:
     weights = audio_decoder_weights()
     state = {key: value.detach().clone() for key, value in decoder.state_dict().items()}
     for key in state:
-        if key.endswith(".bias"):
-            state[key] = torch.zeros_like(state[key])
-        elif key.endswith(".alpha"):
+        if key.endswith((".bias", ".alpha")):
             state[key] = torch.zeros_like(state[key])
         elif key.endswith(".beta"):
             state[key] = torch.full_like(state[key], SNAKE_OFF)
