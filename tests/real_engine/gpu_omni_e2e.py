@@ -65,6 +65,8 @@ def attempt(results: dict, name: str, func, *args, **kwargs):
         results[name] = {"ok": False, "s": round(time.perf_counter() - started, 2),
                          "error": f"{type(err).__name__}: {err}"[:4000], "traceback": traceback.format_exc()[-6000:]}
         print(f"[{name}] FAILED: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        if isinstance(err, KeyboardInterrupt):  # the call's time limit (timeout -s INT): stop, keep what was recorded
+            raise
         return None
 
 
@@ -272,14 +274,13 @@ def stage_layers(ckpt: Path, results: dict, steps: int) -> None:
 # ---- e2e ----------------------------------------------------------------------------------------
 
 
-def stage_e2e(ckpt: Path, out: Path, results: dict, steps: int, runs_asked: list[str]) -> None:
-    from magi2studio import runs
-    from magi2studio.engines import get_engine
+def stage_e2e(ckpt: Path, work: Path, results: dict, steps: int, runs_asked: list[str]) -> None:
+    import importlib.util
+
     from magi2studio.layouts import parse_layout
-    from magi2studio.request import build_request
 
     layout = parse_layout("sp1-cfg1-offload")
-    outputs = out / "runs"
+    outputs = work / "runs"
     outputs.mkdir(parents=True, exist_ok=True)
     plans = {
         "t2va_272p_a": ("on", dict(tier="272p")),
@@ -289,6 +290,25 @@ def stage_e2e(ckpt: Path, out: Path, results: dict, steps: int, runs_asked: list
         "t2va_272p_kernels_off": ("off", dict(tier="272p")),
     }
     engines: dict[str, object] = {}
+    have_av = importlib.util.find_spec("av") is not None
+    try:
+        run_each(runs_asked, plans, engines, have_av, ckpt, work, outputs, layout, steps, results)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    a, b = results.get("t2va_272p_a", {}), results.get("t2va_272p_b", {})
+    if a.get("ok") and b.get("ok"):
+        results["deterministic_twice_identical"] = (a["result"]["hashes"]["frames_sha256"], a["result"]["hashes"][
+            "pcm_sha256"]) == (b["result"]["hashes"]["frames_sha256"], b["result"]["hashes"]["pcm_sha256"])
+
+
+def run_each(runs_asked, plans, engines, have_av, ckpt, work, outputs, layout, steps, results) -> None:
+    """One engine per kernel selection (``MAGI2_KERNELS`` is the workers' env), each run recorded."""
+
+    from magi2studio import media, runs
+    from magi2studio.engines import get_engine
+    from magi2studio.request import build_request
+
     for name in runs_asked:
         kernels, fields = plans[name]
 
@@ -299,21 +319,28 @@ def stage_e2e(ckpt: Path, out: Path, results: dict, steps: int, runs_asked: list
                 engines.clear()
                 os.environ["MAGI2_KERNELS"] = kernels
                 engines[kernels] = get_engine("vllm-omni", checkpoint_root=str(ckpt),
-                                              work_dir=str(out / f"engine-{kernels}"), start_timeout_s=540)
+                                              work_dir=str(work / f"engine-{kernels}"), start_timeout_s=540)
             request = build_request(prompt=PROMPT, seed=1234, steps=steps, compile="eager", deterministic=True,
                                     **fields)
-            folder = runs.execute(engines[kernels], request, layout, outputs)
-            manifest = folder.manifest
-            return {"folder": folder.path.name, "files": sorted(p.name for p in folder.path.iterdir()),
-                    "hashes": manifest["hashes"], "timing": manifest.get("timing"), "engine": manifest["engine"],
-                    "versions": manifest.get("versions")}
+            engine = engines[kernels]
+            if have_av:
+                folder = runs.execute(engine, request, layout, outputs)
+                manifest = folder.manifest
+                return {"folder": folder.path.name, "files": sorted(p.name for p in folder.path.iterdir()),
+                        "hashes": manifest["hashes"], "timing": manifest.get("timing"), "engine": manifest["engine"],
+                        "versions": manifest.get("versions")}
+            # No PyAV carried in this call: the same plan and generation, hashed as write_run hashes them.
+            plan = engine.plan(request, layout)
+            engine.start(plan.layout)
+            generation = engine.generate(plan)
+            return {"run_folder": "not written (PyAV not carried in this call)",
+                    "hashes": {"frames_sha256": media.frames_sha256(generation.frames),
+                               "pcm_sha256": media.pcm_sha256(generation.audio)},
+                    "frames_shape": list(generation.frames.shape), "audio_shape": list(generation.audio.shape),
+                    "stage_ms": generation.stage_ms, "step_records": generation.step_records,
+                    "engine": generation.engine_info}
 
         attempt(results, name, one)
-    for engine in engines.values():
-        engine.close()
-    a, b = results.get("t2va_272p_a", {}), results.get("t2va_272p_b", {})
-    if a.get("ok") and b.get("ok"):
-        results["deterministic_twice_identical"] = a["result"]["hashes"] == b["result"]["hashes"]
 
 
 def main() -> int:
@@ -322,6 +349,7 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--ckpt", required=True)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--work", default=None, help="e2e: engines' work folders and run folders (default OUT)")
     parser.add_argument("--runs", default="t2va_272p_a,t2va_272p_b,i2va_272p,t2va_540p,t2va_272p_kernels_off")
     args = parser.parse_args()
     out, ckpt = Path(args.out), Path(args.ckpt)
@@ -335,7 +363,7 @@ def main() -> int:
         elif args.stage == "layers":
             attempt(results, "layers_stage", stage_layers, ckpt, results, args.steps)
         else:
-            stage_e2e(ckpt, out, results, args.steps, args.runs.split(","))
+            stage_e2e(ckpt, Path(args.work or out), results, args.steps, args.runs.split(","))
     finally:
         (out / f"{args.stage}.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
     failed = [k for k, v in results.items() if isinstance(v, dict) and v.get("ok") is False]
