@@ -11,12 +11,13 @@ import shutil
 import subprocess
 from typing import Any
 
-from . import determinism, provenance
+from . import determinism
+from .run_folder import provenance
 from .engines import ENGINE_NAMES
 from .errors import InputError
-from .layouts import PRESETS
+from .vocabulary.layouts import PRESETS
 from .platform import current_platform
-from .tiers import TIERS, get_tier
+from .vocabulary.tiers import TIERS, get_tier
 
 
 def mux_tools() -> dict[str, Any]:

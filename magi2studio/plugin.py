@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Cancelled
-from .metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR, PROGRESS_FILE, kernels_file, steps_file
+from .run_folder.metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR, PROGRESS_FILE, kernels_file, steps_file
 from .platform import current_platform
-from .timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
+from .run_folder.timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
 
 ENV_STAGE = "MAGI2STUDIO_STAGE"
 ENV_KERNELS = "MAGI2_KERNELS"
@@ -50,7 +50,7 @@ def current_rank() -> int:
 
 
 class WorkerStepTimer(StepTimer):
-    """magi2studio.timing's StepTimer, with the rank read per sample (workers learn it after plugins load)."""
+    """The run folder's timing.StepTimer, with the rank read per sample (workers learn it after plugins load)."""
 
     def __init__(self, metrics_dir: Path, stage: str, cancel_file: str | None) -> None:
         super().__init__(stage=stage, on_step=self._step_finished, on_sample=self._sample_finished)

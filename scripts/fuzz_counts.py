@@ -32,7 +32,8 @@ def main() -> int:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from magi2studio import determinism, runs
+    from magi2studio import determinism
+    from magi2studio.run_folder import runs
     from magi2studio.cli import main as cli
     from tests.requests_and_runs import fuzzing as F
 

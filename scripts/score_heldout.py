@@ -4,9 +4,9 @@
     .venv/bin/python scripts/score_heldout.py --weights /tmp/tiny-trained --out /tmp/heldout-trained.json
     .venv/bin/python scripts/score_heldout.py --weights random --out /tmp/heldout-random.json
 
-Each held-out combination (magi2studio.scenes.HELD_OUT, never trained on) is captioned with
+Each held-out combination (magi2studio.semantic.scenes.HELD_OUT, never trained on) is captioned with
 its grammar phrasing ``index % PHRASINGS``, generated at the tier with the default steps into a
-run folder under ``--runs``, and judged by :func:`magi2studio.score.score_run`, the function
+run folder under ``--runs``, and judged by :func:`magi2studio.semantic.score.score_run`, the function
 behind ``magi2studio score RUN``. The JSON holds every verdict and the share of runs matching
 per attribute; the table printed last is that share.
 
@@ -45,12 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     from magi2studio.determinism import apply_defaults
 
     apply_defaults()
-    from magi2studio import runs
+    from magi2studio.run_folder import runs
     from magi2studio.engines.embedded import EmbeddedEngine
-    from magi2studio.layouts import parse_layout
-    from magi2studio.request import Request
-    from magi2studio.scenes import HELD_OUT, PHRASINGS, caption_for
-    from magi2studio.score import score_run
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.request import Request
+    from magi2studio.semantic.scenes import HELD_OUT, PHRASINGS, caption_for
+    from magi2studio.semantic.score import score_run
 
     runs_root = args.runs or Path(tempfile.mkdtemp(prefix="heldout-"))
     engine = EmbeddedEngine(weights=args.weights)
@@ -92,9 +92,9 @@ def _decode_codes(engine, layout, facts, tier_name: str, seed: int):
 
     import torch
 
-    from magi2studio.scenes import make_scene
-    from magi2studio.score import score_clip
-    from magi2studio.tiers import AUDIO_SAMPLE_RATE, get_tier
+    from magi2studio.semantic.scenes import make_scene
+    from magi2studio.semantic.score import score_clip
+    from magi2studio.vocabulary.tiers import AUDIO_SAMPLE_RATE, get_tier
     from magi2studio.training import latents as codes
 
     tier = get_tier(tier_name)

@@ -19,11 +19,11 @@ def register(sub) -> None:
 def replay(run_dir: Path, out: Path | None = None):
     """Returns (original manifest, new RunFolder, {hash name: matched})."""
 
-    from .. import runs
+    from ..run_folder import runs
     from ..engines import get_engine
-    from ..layouts import parse_layout
-    from ..progress import ConsoleProgress
-    from ..request import build_request
+    from ..vocabulary.layouts import parse_layout
+    from .progress import ConsoleProgress
+    from ..vocabulary.request import build_request
 
     original = runs.verify_run(run_dir).manifest  # a tampered or malformed folder is refused here
     request = runs.manifest_request(original)

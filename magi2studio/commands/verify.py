@@ -13,7 +13,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runs import HASHED_FILES, verify_run
+    from ..run_folder.runs import HASHED_FILES, verify_run
 
     folder = verify_run(Path(args.run_dir))
     print(f"verified: {folder.path}: {len(HASHED_FILES)} files match their sha256, the manifest's request is "

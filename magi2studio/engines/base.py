@@ -2,7 +2,7 @@
 
 Two engines implement it: ``embedded`` (upstream's MAGI-2 code at a tiny configuration,
 CPU, generated weights) and ``vllm-omni`` (the real pipeline on MUSA/CUDA GPUs). Engines
-return arrays; :mod:`magi2studio.runs` turns them into a run folder the same way for both.
+return arrays; :mod:`magi2studio.run_folder.runs` turns them into a run folder the same way for both.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..layouts import Layout
-from ..request import RANDOM_SEED, Request
-from ..tiers import Tier, get_tier
+from ..vocabulary.layouts import Layout
+from ..vocabulary.request import RANDOM_SEED, Request
+from ..vocabulary.tiers import Tier, get_tier
 
 @dataclass(frozen=True)
 class Plan:

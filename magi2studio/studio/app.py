@@ -14,8 +14,8 @@ from typing import Any
 import gradio as gr
 
 from ..engines.base import Engine
-from ..layouts import parse_layout
-from ..runs import check_outputs_root
+from ..vocabulary.layouts import parse_layout
+from ..run_folder.runs import check_outputs_root
 from .context import ASSETS, MAX_UPLOAD_BYTES, StudioContext
 from .slot import EngineSlot
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from ..errors import InputError
-from ..eta import Estimate
-from ..jobqueue import JobRecord, plan_record
+from ..jobs.eta import Estimate
+from ..jobs.jobqueue import JobRecord, plan_record
 from .context import StudioContext
 from .session_state import run_folder_named
 

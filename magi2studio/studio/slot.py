@@ -1,6 +1,6 @@
 """The one engine slot every browser session, API client and ``magi2studio queue add`` shares.
 
-The jobs live in the outputs root's queue file (:mod:`magi2studio.jobqueue`), so they survive
+The jobs live in the outputs root's queue file (:mod:`magi2studio.jobs.jobqueue`), so they survive
 a page reload and a studio restart, and jobs added from the command line join the same queue.
 A single worker thread owns the engine: jobs run one at a time in ticket order. A job
 submitted here reports through its own event queue (queued position, progress, ticks for the
@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import runs
+from ..run_folder import runs
 from ..engines.base import Engine, Plan, Progress
 from ..errors import InputError
-from ..eta import Estimate, RunHistory
-from ..jobqueue import JobQueue, JobRecord, QueueState, RunnerLock, execute_job, plan_record
-from ..layouts import Layout
-from ..request import Request
+from ..jobs.eta import Estimate, RunHistory
+from ..jobs.jobqueue import JobQueue, JobRecord, QueueState, RunnerLock, execute_job, plan_record
+from ..vocabulary.layouts import Layout
+from ..vocabulary.request import Request
 
 log = logging.getLogger(__name__)
 

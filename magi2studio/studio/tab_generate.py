@@ -18,9 +18,9 @@ from typing import Any
 import gradio as gr
 
 from ..errors import InputError
-from ..layouts import PRESETS
-from ..request import RANDOM_SEED, draw_seed
-from ..tiers import TIERS
+from ..vocabulary.layouts import PRESETS
+from ..vocabulary.request import RANDOM_SEED, draw_seed
+from ..vocabulary.tiers import TIERS
 from . import form as F
 from . import job_panel, session_state
 from . import layout_picker as LP

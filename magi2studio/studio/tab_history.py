@@ -8,7 +8,7 @@ from pathlib import Path
 import gradio as gr
 
 from ..errors import InputError
-from ..runs import load_run
+from ..run_folder.runs import load_run
 from . import history as H
 from .context import StudioContext
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import gradio as gr
 
 from ..errors import Cancelled, EngineError, InputError, describe_os_error
-from ..layouts import parse_layout
-from ..references import BUNDLED_REFERENCES, load_reference
-from ..request import whole_number
-from ..reproduce import reproduce
-from ..samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
-from ..timing import EXCLUDED_STEPS
+from ..vocabulary.layouts import parse_layout
+from ..reproduction.references import BUNDLED_REFERENCES, load_reference
+from ..vocabulary.request import whole_number
+from ..reproduction.reproduce import reproduce
+from ..reproduction.samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
+from ..run_folder.timing import EXCLUDED_STEPS
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
 

@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 
 from ..errors import InputError
-from ..runs import RunFolder, load_run, manifest_request
+from ..run_folder.runs import RunFolder, load_run, manifest_request
 from . import results as R
 from .context import StudioContext
 from .form import FIELDS

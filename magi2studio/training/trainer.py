@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from ..engines.embedded.tiny import TinyConfig
-from ..scenes import Scene, sample_scenes
-from ..tiers import get_tier
+from ..semantic.scenes import Scene, sample_scenes
+from ..vocabulary.tiers import get_tier
 from . import latents as codes
 
 SHIFT = 7.0  # the preview schedule's shift (build_magi2_preview_schedulers)

@@ -1,6 +1,6 @@
 import pytest
 
-from magi2studio.request import build_request
+from magi2studio.vocabulary.request import build_request
 
 from pathlib import Path
 
@@ -13,7 +13,7 @@ def engine():
     process's torch.distributed world does not outlive them (upstream's topology checks in other
     folders read it)."""
     from magi2studio.engines import get_engine
-    from magi2studio.layouts import parse_layout
+    from magi2studio.vocabulary.layouts import parse_layout
 
     eng = get_engine("embedded")
     eng.start(parse_layout("sp1-cfg1"))

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from magi2studio.cli import main
 from magi2studio.errors import InputError
-from magi2studio.request import Request, build_request
-from magi2studio.samples import ENTRY_KEYS, load_sample_set
+from magi2studio.vocabulary.request import Request, build_request
+from magi2studio.reproduction.samples import ENTRY_KEYS, load_sample_set
 
 ONE_LINE = re.compile(r"^[^\n]+: [^\n]+\. Fix: [^\n]+$")
 ERROR_LINE = re.compile(r"^error: [^\n]+: [^\n]+\. Fix: [^\n]+$")

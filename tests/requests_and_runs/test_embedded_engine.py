@@ -8,10 +8,10 @@ from pathlib import Path
 import av
 import pytest
 
-from magi2studio import runs
+from magi2studio.run_folder import runs
 from magi2studio.errors import Cancelled, InputError
-from magi2studio.layouts import parse_layout
-from magi2studio.request import build_request
+from magi2studio.vocabulary.layouts import parse_layout
+from magi2studio.vocabulary.request import build_request
 
 from .conftest import SAMPLES
 
@@ -42,7 +42,7 @@ def test_same_request_same_hashes_other_seed_other_hashes(engine, request_t2va, 
     assert [r["step"] for r in map(json.loads, first.steps.read_text().splitlines())] == [0, 1, 2]
     assert manifest["timing"]["stages"]["preview"]["steps"] == 3
     for name, digest in manifest["files"].items():
-        from magi2studio.media import file_sha256
+        from magi2studio.run_folder.media import file_sha256
         assert file_sha256(first.path / name) == digest
 
 
@@ -69,8 +69,8 @@ def test_cancel_leaves_no_run_folder(engine, request_t2va, tmp_path):
 
 
 def test_engine_refuses_layouts_it_cannot_run_and_runs_every_tier(engine):
-    from magi2studio.layouts import Layout
-    from magi2studio.tiers import TIERS, get_tier
+    from magi2studio.vocabulary.layouts import Layout
+    from magi2studio.vocabulary.tiers import TIERS, get_tier
     assert all(reason is None for reason in engine.capabilities().tiers.values()) and "1080p" in TIERS
     engine.check_layout(LAYOUT, get_tier("1080p"))
     with pytest.raises(InputError, match="refiner KV groups"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from magi2studio import media, runs
+from magi2studio.run_folder import media, runs
 from magi2studio.cli import main
 
 from .conftest import SAMPLES

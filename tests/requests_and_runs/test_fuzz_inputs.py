@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from magi2studio import runs
+from magi2studio.run_folder import runs
 from magi2studio.cli import main
 
 from . import fuzzing as F

@@ -11,7 +11,7 @@ import sys
 SHARED_WORLD = r"""
 import torch.distributed as dist
 from magi2studio.engines.embedded import EmbeddedEngine, upstream_patches
-from magi2studio.layouts import parse_layout
+from magi2studio.vocabulary.layouts import parse_layout
 
 engine, other = EmbeddedEngine(), EmbeddedEngine()
 engine.start(parse_layout("sp1-cfg1"))

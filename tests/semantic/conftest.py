@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from magi2studio import runs
+from magi2studio.run_folder import runs
 from magi2studio.engines.base import Generation
-from magi2studio.layouts import parse_layout
-from magi2studio.request import build_request
-from magi2studio.scenes import Scene
+from magi2studio.vocabulary.layouts import parse_layout
+from magi2studio.vocabulary.request import build_request
+from magi2studio.semantic.scenes import Scene
 
 
 def write_scene_run(scene: Scene, root: Path, *, caption: str | None = None, frames: np.ndarray | None = None,

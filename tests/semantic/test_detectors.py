@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from magi2studio import scenes
-from magi2studio.scenes import Facts, make_scene
-from magi2studio.score import FIRST_FRAME_MIN_PSNR_DB, analyse_audio, judge, observe, score_clip, score_run
+from magi2studio.semantic import scenes
+from magi2studio.semantic.scenes import Facts, make_scene
+from magi2studio.semantic.score import FIRST_FRAME_MIN_PSNR_DB, analyse_audio, judge, observe, score_clip, score_run
 
 from .conftest import save_first_frame, write_scene_run
 

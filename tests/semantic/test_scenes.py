@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from magi2studio import scenes
+from magi2studio.semantic import scenes
 from magi2studio.errors import InputError
-from magi2studio.media import frames_sha256, pcm_sha256
-from magi2studio.scenes import Facts, make_scene, parse_caption
-from magi2studio.tiers import AUDIO_CHANNELS, AUDIO_SAMPLE_RATE, TIERS
+from magi2studio.run_folder.media import frames_sha256, pcm_sha256
+from magi2studio.semantic.scenes import Facts, make_scene, parse_caption
+from magi2studio.vocabulary.tiers import AUDIO_CHANNELS, AUDIO_SAMPLE_RATE, TIERS
 
 PINNED = Facts("triangle", "orange", "top_to_bottom", "grey", "low", True)
 

@@ -10,7 +10,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from magi2studio import runs
+from magi2studio.run_folder import runs
 from studio_support import everything_under, generate_args
 
 CLIENTS = 16

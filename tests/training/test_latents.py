@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from magi2studio.engines.embedded.components import TinyImageEncoder
-from magi2studio.scenes import HELD_OUT, PITCHES, make_scene
+from magi2studio.semantic.scenes import HELD_OUT, PITCHES, make_scene
 from magi2studio.training import latents as codes
 
 STRIDE = 64

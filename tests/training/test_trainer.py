@@ -109,8 +109,8 @@ def test_the_set_audio_decoder_sounds_each_held_out_scene_s_pitch_at_its_bounces
     give the other pitch."""
     import math
 
-    from magi2studio.scenes import HELD_OUT, PITCHES, make_scene
-    from magi2studio.score import analyse_audio
+    from magi2studio.semantic.scenes import HELD_OUT, PITCHES, make_scene
+    from magi2studio.semantic.score import analyse_audio
 
     config, _, components, _, _ = setup
     assert codes.audio_pitches(config.audio_latent_fps) == PITCHES

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from ...errors import InputError
-from ...request import Request
-from ...tiers import AUDIO_SAMPLE_RATE, Tier, get_tier
-from ...timing import stage
+from ...vocabulary.request import Request
+from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, Tier, get_tier
+from ...run_folder.timing import stage
 from .components import Components
 from .refiner import refiner_recipe, refiner_schedulers
 

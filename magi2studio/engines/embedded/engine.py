@@ -15,9 +15,9 @@ from pathlib import Path
 
 from ... import determinism
 from ...errors import Cancelled, EngineError, InputError
-from ...layouts import Layout, check_shape
-from ...request import Request, output_size
-from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
+from ...vocabulary.layouts import Layout, check_shape
+from ...vocabulary.request import Request, output_size
+from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .components import STAND_INS
 from .rank import InProcessPool, Job, StageStarted, StepFinished

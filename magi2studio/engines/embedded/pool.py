@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import Cancelled, EngineError
-from ...layouts import Layout
+from ...vocabulary.layouts import Layout
 from ...platform import current_platform
 from .rank import (
     Job,

@@ -147,7 +147,7 @@ class Float64Matmuls(TorchFunctionMode):
     in one sequence, CFG2 gives each its own, SP splits the tokens), and BLAS picks its
     blocking by shape, so fp32 sums run in other orders. In fp64 the order moves a sum by
     about 1e-16 relative, which rounding to fp32 almost never shows: with it every layout
-    gives one process's hashes (tests/layouts). fp64 on the CPU costs about 2x per product.
+    gives one process's hashes (tests/vocabulary). fp64 on the CPU costs about 2x per product.
     """
 
     PRODUCTS = frozenset({F.linear, torch.matmul, torch.Tensor.__matmul__, torch.mm, torch.bmm, torch.einsum})

@@ -16,11 +16,11 @@ from typing import Any
 
 from ... import determinism
 from ...errors import InputError
-from ...layouts import Layout, rules_for_real_model
-from ...metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
+from ...vocabulary.layouts import Layout, rules_for_real_model
+from ...run_folder.metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
 from ...platform import current_platform
-from ...request import Request
-from ...tiers import TIERS, Tier, get_tier
+from ...vocabulary.request import Request
+from ...vocabulary.tiers import TIERS, Tier, get_tier
 from ...weights import check_weights, resolve_root
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .capabilities import detect, tier_refusal
@@ -153,7 +153,7 @@ class VllmOmniEngine(Engine):
         request, tier, layout = plan.request, plan.tier, self._layout
         if layout is None:
             raise InputError("layout", "no layout was selected for the vllm-omni engine",
-                             "call start(layout) first (magi2studio.runs.execute does)")
+                             "call start(layout) first (magi2studio.run_folder.runs.execute does)")
         options = params.start_options(request, layout, tier, current_platform.name)
         if on_progress is not None:
             on_progress(Progress("load", message=f"vLLM-Omni for {layout.name}"))

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import InputError
-from ...layouts import Layout, check_shape
-from ...request import Request, output_size
-from ...tiers import Tier, get_tier
-from ...topology import refusal as topology_refusal
+from ...vocabulary.layouts import Layout, check_shape
+from ...vocabulary.request import Request, output_size
+from ...vocabulary.tiers import Tier, get_tier
+from ...vocabulary.topology import refusal as topology_refusal
 from .capabilities import UpstreamCapabilities, tier_refusal
 
 COMPILE_MODES = ("static", "dynamic", "eager")

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EngineError, InputError
-from ...layouts import Layout, parse_layout, rules_for_real_model
-from ...media import decode_mp4
-from ...metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, step_offsets
-from ...request import Request
-from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
+from ...vocabulary.layouts import Layout, parse_layout, rules_for_real_model
+from ...run_folder.media import decode_mp4
+from ...run_folder.metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, step_offsets
+from ...vocabulary.request import Request
+from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
 from ...weights import resolve_root
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback
 from . import params
@@ -157,7 +157,7 @@ class VllmOmniServerEngine(Engine):
         caps = detect()
         if self._layout is None:
             raise InputError("layout", "no layout was selected for the vllm-omni-server engine",
-                             "call start(layout) first (magi2studio.runs.execute does)")
+                             "call start(layout) first (magi2studio.run_folder.runs.execute does)")
         fields, files = form_fields(plan.request, plan.tier)
         offsets = step_offsets(self.metrics_dir) if self.metrics_dir else {}
         follower = None

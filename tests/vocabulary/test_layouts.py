@@ -1,0 +1,186 @@
+"""Embedded layouts on gloo: same hashes as one process, odd packed lengths, cancel, rank failure."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from magi2studio.run_folder import media, runs
+from magi2studio.engines.embedded.engine import EmbeddedEngine
+from magi2studio.engines.embedded.rank import FAULT_ENV
+from magi2studio.errors import Cancelled, EngineError
+from magi2studio.vocabulary.layouts import parse_layout
+from magi2studio.vocabulary.request import build_request
+
+PROMPT = "a red kite over a windy beach, waves and gulls"
+LAYOUTS = ("sp2-cfg1", "sp1-cfg2", "sp2-cfg2")
+pytestmark = pytest.mark.slow
+
+
+def packed_lengths(engine, request) -> list[int]:
+    """The packed token counts upstream's sequence dispatcher sees, from a one-process run."""
+
+    from vllm_omni.diffusion.models.magi2 import parallel
+
+    seen: list[int] = []
+    original = parallel.Magi2SequenceDispatcher.dispatch
+
+    def spy(self, tensor):
+        seen.append(int(tensor.shape[0]))
+        return original(self, tensor)
+
+    parallel.Magi2SequenceDispatcher.dispatch = spy
+    try:
+        engine.generate(engine.plan(request, engine.layout))
+    finally:
+        parallel.Magi2SequenceDispatcher.dispatch = original
+    return sorted(set(seen))
+
+
+def hashes(generation):
+    return media.frames_sha256(generation.frames), media.pcm_sha256(generation.audio)
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    engine = EmbeddedEngine()
+    engine.start(parse_layout("sp1-cfg1"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def odd_request(one_process):
+    """A T2VA request whose packed token count is odd (it does not divide by sp2)."""
+
+    for words in range(1, 12):
+        request = build_request(prompt=" ".join(PROMPT.split()[:words]) or PROMPT, steps=2, seed=7)
+        lengths = packed_lengths(one_process, request)
+        if any(n % 2 for n in lengths):
+            return request, lengths
+    pytest.fail("no prompt prefix gave an odd packed token count")
+
+
+def test_layouts_are_bit_identical_to_one_process_with_an_odd_token_count(one_process, odd_request, tmp_path):
+    """Under the deterministic environment (portable CPU kernels, tests/conftest.py) every
+    layout gives one process's hashes, though each places tokens differently in its tensors."""
+
+    from magi2studio import determinism
+
+    assert determinism.cpu_capability() == "DEFAULT"
+    request, lengths = odd_request
+    assert any(n % 2 for n in lengths), lengths
+    reference = hashes(one_process.generate(one_process.plan(request, one_process.layout)))
+    engine = EmbeddedEngine()
+    seen = {}
+    try:
+        for name in LAYOUTS:
+            layout = parse_layout(name)
+            assert engine.start(layout) is True  # a new layout restarts the pool
+            assert engine.start(layout) is False
+            folder = runs.execute(engine, request, layout, tmp_path)
+            manifest = folder.manifest
+            rows = [json.loads(line) for line in folder.steps.read_text().splitlines()]
+            assert sorted((r["rank"], r["step"]) for r in rows) == [
+                (rank, step) for rank in range(layout.world_size) for step in range(request.steps)]
+            assert manifest["layout"]["name"] == name
+            assert manifest["timing"]["stages"]["preview"]["ranks"] == list(range(layout.world_size))
+            assert manifest["cpu_capability"] == "DEFAULT"
+            seen[name] = (manifest["hashes"]["frames_sha256"], manifest["hashes"]["pcm_sha256"])
+            assert hashes(engine.generate(engine.plan(request, layout))) == seen[name], name  # the same pool again
+    finally:
+        engine.close()
+    assert seen == {name: reference for name in LAYOUTS}, (reference, seen, lengths)
+
+
+def test_cancel_stops_every_rank_at_the_same_step_and_the_pool_stays_usable(tmp_path):
+    engine = EmbeddedEngine()
+    try:
+        layout = parse_layout("sp2-cfg1")
+        engine.start(layout)
+        request = build_request(prompt=PROMPT, steps=3, seed=1)
+        cancel = threading.Event()
+        seen = []
+
+        def on_progress(event):
+            if event.step is not None:
+                seen.append(event.step)
+                cancel.set()
+
+        with pytest.raises(Cancelled, match="step 1/3"):
+            runs.execute(engine, request, layout, tmp_path, on_progress=on_progress, cancel=cancel)
+        assert seen == [0]
+        assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".probe")]
+        assert engine.start(layout) is False
+        assert engine.generate(engine.plan(request.model_copy(update={"steps": 2}), layout)).frames.size
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("fault", ["exit", "hang"])
+def test_a_failing_rank_ends_the_run_naming_rank_and_step_and_the_next_run_works(fault, monkeypatch):
+    layout = parse_layout("sp2-cfg1")
+    request = build_request(prompt=PROMPT, steps=3, seed=1)
+    engine = EmbeddedEngine(rank_timeout_s=60)  # a loaded 2-core machine can take >20 s per step
+    try:
+        monkeypatch.setenv(FAULT_ENV, f"1:1:{fault}")
+        engine.start(layout)
+        pids = engine._pool.pids
+        started = time.monotonic()
+        with pytest.raises(EngineError, match=r"rank 1 of layout sp2-cfg1 .*after finishing 1 of 3 preview steps"):
+            engine.generate(engine.plan(request, engine.layout))
+        assert time.monotonic() - started < 240
+        for pid in pids:  # no orphan: every rank of the failed pool is gone
+            assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+        monkeypatch.delenv(FAULT_ENV)
+        assert engine.start(layout) is True
+        assert len(engine.generate(engine.plan(request.model_copy(update={"steps": 2}), layout)).step_records) == 4
+    finally:
+        engine.close()
+
+
+WATCHDOG_S = float(os.environ.get("MAGI2STUDIO_TEST_WATCHDOG_S", "15"))  # well above a tiny gloo step
+
+
+def test_a_stopped_rank_trips_the_step_watchdog_and_the_next_run_gets_fresh_ranks(tmp_path):
+    """SIGSTOP of one worker (the studio hang of issue 19): the run fails, its ranks die, the next works."""
+    layout = parse_layout("sp2-cfg1")
+    request = build_request(prompt=PROMPT, steps=3, seed=1)
+    engine = EmbeddedEngine(rank_timeout_s=WATCHDOG_S)
+    try:
+        engine.start(layout)
+        pids = engine._pool.pids
+
+        def stop_rank_1(event):
+            if event.step == 0:
+                os.kill(pids[1], signal.SIGSTOP)
+
+        started = time.monotonic()
+        with pytest.raises(EngineError, match=r"made no progress for .* s while running.*step watchdog"):
+            runs.execute(engine, request, layout, tmp_path, on_progress=stop_rank_1)
+        assert time.monotonic() - started < WATCHDOG_S + 30
+        for pid in pids:
+            assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+        assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".probe")]
+        assert engine.start(layout) is True
+        assert runs.is_complete(runs.execute(engine, request, layout, tmp_path).path)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP])
+def test_an_idle_rank_that_died_or_stopped_is_replaced_before_the_next_run(tmp_path, fault):
+    layout = parse_layout("sp2-cfg1")
+    engine = EmbeddedEngine(rank_timeout_s=WATCHDOG_S)
+    try:
+        engine.start(layout)
+        old = engine._pool.pids
+        os.kill(old[1], fault)
+        time.sleep(0.5)
+        folder = runs.execute(engine, build_request(prompt=PROMPT, steps=2, seed=1), layout, tmp_path)
+        assert runs.is_complete(folder.path) and engine._pool.pids != old
+    finally:
+        engine.close()
