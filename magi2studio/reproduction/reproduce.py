@@ -148,13 +148,12 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
     """
 
     from ..engines import get_engine
-    from ..vocabulary.tiers import get_tier
 
     close = lambda: None  # noqa: E731
     if run_entry is None:
         engine = get_engine(engine_name, **dict(engine_options or {}))
-        for tier in sorted({s.request.tier for s in sample_set.samples}):
-            engine.check_layout(layout, get_tier(tier))
+        for sample in {s.request.tier: s for s in sample_set.samples}.values():
+            engine.plan(sample.request, layout)  # a layout this engine cannot run is refused before any run
         close = engine.close
 
         def run_entry(sample, extra, on_progress, cancel_event):

@@ -28,7 +28,6 @@ from ..errors import InputError
 from ..vocabulary.layouts import Layout, parse_layout
 from ..vocabulary.paths import read_text
 from ..vocabulary.request import Request, build_request
-from ..vocabulary.tiers import get_tier
 from .timing import gate_summary
 
 MANIFEST_VERSION = 1
@@ -174,9 +173,9 @@ def timing_summary(generation: Generation) -> dict[str, Any]:
     }
 
 
-def build_manifest(request: Request, layout: Layout, generation: Generation, started: float,
+def build_manifest(plan: Plan, generation: Generation, started: float,
                    extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    tier = get_tier(request.tier)
+    request, tier, layout = plan.request, plan.tier, plan.layout
     return {
         "manifest_version": MANIFEST_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -207,15 +206,16 @@ def build_manifest(request: Request, layout: Layout, generation: Generation, sta
     }
 
 
-def write_run(root: Path, request: Request, layout: Layout, generation: Generation, started: float,
+def write_run(root: Path, plan: Plan, generation: Generation, started: float,
               extra: dict[str, Any] | None = None) -> RunFolder:
     """Write every file into a temp folder, then rename it into place."""
 
+    request = plan.request
     root = check_outputs_root(root)
     final = root / run_name(request, started)
     temp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        manifest = build_manifest(request, layout, generation, started, extra)
+        manifest = build_manifest(plan, generation, started, extra)
         (temp / "request.yaml").write_text(request.to_yaml(), encoding="utf-8")
         with open(temp / "steps.jsonl", "w", encoding="utf-8") as file:
             for record in generation.step_records:
@@ -260,4 +260,4 @@ def execute_plan(engine: Engine, plan: Plan, outputs_root: Path, *,
     generation = engine.generate(plan, on_progress=on_progress, cancel=cancel)
     if on_progress is not None:
         on_progress(Progress("mux", message="writing the run folder"))
-    return write_run(outputs_root, plan.request, plan.layout, generation, started, extra)
+    return write_run(outputs_root, plan, generation, started, extra)

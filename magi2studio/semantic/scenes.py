@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import InputError
-from ..vocabulary.tiers import AUDIO_CHANNELS, AUDIO_SAMPLE_RATE, Tier, get_tier
+from ..vocabulary.tiers import AUDIO_CHANNELS, AUDIO_SAMPLE_RATE, TIERS, Tier
 
 # -- the vocabulary ---------------------------------------------------------------------------
 SHAPES = ("circle", "square", "triangle")
@@ -372,12 +372,11 @@ def _resting(times: np.ndarray, length: int, rng: np.random.Generator) -> np.nda
     return np.full_like(times, length / 2 + float(rng.uniform(-0.15, 0.15)) * length)
 
 
-def make_scene(facts: Facts, tier: str | Tier = "272p", seed: int = 0, phrasing: int | None = None) -> Scene:
+def make_scene(facts: Facts, tier: Tier = TIERS["272p"], seed: int = 0, phrasing: int | None = None) -> Scene:
     """The scene for complete ``facts`` at ``tier``; ``seed`` draws size, speed and start."""
 
     if not facts.complete:
         raise ValueError(f"a scene needs complete facts, got {facts}")
-    tier = get_tier(tier) if isinstance(tier, str) else tier
     rng = _seed_for(facts, tier, seed)
     width, height, seconds = tier.width, tier.height, tier.seconds
     half = float(rng.uniform(0.10, 0.13) * height)
@@ -411,7 +410,7 @@ def make_scene(facts: Facts, tier: str | Tier = "272p", seed: int = 0, phrasing:
                  centres=centres, bounce_times=tuple(round(t, 6) for t in bounces))
 
 
-def sample_scenes(seed: int, tier: str | Tier = "272p", split: str = "train") -> Iterator[Scene]:
+def sample_scenes(seed: int, tier: Tier = TIERS["272p"], split: str = "train") -> Iterator[Scene]:
     """An endless, seeded stream of scenes from one split (the trainer's data)."""
 
     pool = split_combinations(split)

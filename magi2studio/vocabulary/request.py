@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import InputError
 from .paths import contained, read_text, regular_file
-from .tiers import TIERS, get_tier
+from .tiers import TIERS, Tier, get_tier
 
 MAX_PROMPT_FILE_BYTES = 256 * 1024  # Sand AI's published prompts are 9-11 k characters
 MAX_PROMPT_CHARS = 200_000
@@ -176,7 +176,7 @@ def validate_request(request: Request) -> Request:
             raise InputError(name, f"is {len(text)} characters", f"keep it under {MAX_PROMPT_CHARS}")
         if text is not None and "\x00" in text:
             raise InputError(name, "holds a NUL character", "remove it (prompts are plain text)")
-    get_tier(request.tier)
+    tier = get_tier(request.tier)
     if request.tier not in TIERS:
         raise InputError("tier", f"write the tier in lower case ({request.tier.lower()})", "e.g. 272p")
     if not 0 <= request.seed <= MAX_SEED:
@@ -185,7 +185,7 @@ def validate_request(request: Request) -> Request:
         raise InputError("steps", f"{request.steps} is out of range", _FIXES["steps"])
     if request.refiner_steps is not None and not 1 <= request.refiner_steps <= MAX_REFINER_STEPS:
         raise InputError("refiner_steps", f"{request.refiner_steps} is out of range", _FIXES["refiner_steps"])
-    output_size(request)
+    output_size(request, tier)
     for name in ("video_cfg", "audio_cfg"):
         value = getattr(request, name)
         if not math.isfinite(value) or not 0 <= value <= 50:
@@ -200,10 +200,9 @@ def validate_request(request: Request) -> Request:
     return request
 
 
-def output_size(request: Request) -> tuple[int, int]:
+def output_size(request: Request, tier: Tier) -> tuple[int, int]:
     """The delivered (width, height): the tier's generated size unless a listed resize is asked for."""
 
-    tier = get_tier(request.tier)
     width = tier.width if request.output_width is None else request.output_width
     height = tier.height if request.output_height is None else request.output_height
     if (width, height) in tier.output_sizes:

@@ -41,6 +41,12 @@ class Tier:
     def size(self) -> str:
         return f"{self.width}x{self.height}"
 
+    @property
+    def preview_tier(self) -> Tier:
+        """The tier whose clip a refined tier starts from; a one-stage tier is its own."""
+
+        return TIERS[self.preview] if self.refined else self
+
 
 TIERS: dict[str, Tier] = {
     "272p": Tier("272p", 448, 256, 12.5, 125, 10.0, 100),

@@ -130,8 +130,8 @@ def test_1080p_layout_rules_in_the_embedded_engine():
 
 
 def test_output_size_is_the_generated_one_or_a_listed_resize():
-    assert output_size(build_request(prompt="p", tier="1080p")) == (1920, 1088)
-    assert output_size(build_request(prompt="p", tier="1080p", output_height=1080)) == (1920, 1080)
+    assert output_size(build_request(prompt="p", tier="1080p"), get_tier("1080p")) == (1920, 1088)
+    assert output_size(build_request(prompt="p", tier="1080p", output_height=1080), get_tier("1080p")) == (1920, 1080)
     for fields, message in [
         ({"tier": "1080p", "output_height": 1000},
          "output_height: 1000 is not an output size of the 1080p tier. Fix: "),
@@ -165,7 +165,7 @@ def test_cli_output_size_and_refiner_steps_flags_reach_the_request():
     add_request_arguments(parser)
     request = request_from_args(parser.parse_args(["--prompt", "p", "--tier", "1080p", "--refiner-steps", "3",
                                                    "--output-height", "1080"]))
-    assert (request.refiner_steps, output_size(request)) == (3, (1920, 1080))
+    assert (request.refiner_steps, output_size(request, get_tier("1080p"))) == (3, (1920, 1080))
     with pytest.raises(InputError, match="^output_height: 1000 is not an output size of the 1080p tier"):
         request_from_args(parser.parse_args(["--prompt", "p", "--tier", "1080p", "--output-height", "1000"]))
 

@@ -9,13 +9,14 @@ import pytest
 from magi2studio.semantic import scenes
 from magi2studio.cli import main
 from magi2studio.semantic.scenes import make_scene
+from magi2studio.vocabulary.tiers import TIERS
 
 from .conftest import write_scene_run
 
 
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory):
-    return make_scene(scenes.HELD_OUT[1], "272p", 9)
+    return make_scene(scenes.HELD_OUT[1], TIERS["272p"], 9)
 
 
 def _score(capsys, *args):

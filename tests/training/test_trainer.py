@@ -6,6 +6,7 @@ import torch
 from magi2studio.errors import InputError
 from magi2studio.training import latents as codes
 from magi2studio.training import trainer
+from magi2studio.vocabulary.tiers import TIERS
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +118,7 @@ def test_the_set_audio_decoder_sounds_each_held_out_scene_s_pitch_at_its_bounces
     trainer.set_audio_decoder(components.audio_decoder)
     rate = config.audio_latent_fps * math.prod(config.audio_strides)
     for facts in [f for f in HELD_OUT if f.pitch == "low"][:2] + [f for f in HELD_OUT if f.pitch == "high"][:2]:
-        scene = make_scene(facts, "272p", 0)
+        scene = make_scene(facts, TIERS["272p"], 0)
         code = codes.encode_audio(scene, config.audio_latent_fps)
         with torch.no_grad():
             heard = analyse_audio(components.audio_decoder.decoder(code.T[None])[0].numpy().T, rate)

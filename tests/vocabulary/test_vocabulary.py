@@ -31,6 +31,11 @@ def test_tiers_match_upstream_and_sand_ai():
         assert (TIERS[name].width, TIERS[name].height) == (w, h)
 
 
+def test_a_refined_tier_names_its_preview_tier():
+    assert TIERS["1080p"].preview_tier is TIERS["540p"]
+    assert TIERS["272p"].preview_tier is TIERS["272p"] and TIERS["540p"].preview_tier is TIERS["540p"]
+
+
 @pytest.mark.parametrize("text,expected", [
     ("sp2-cfg1", Layout(2, 1)), ("sp1-cfg2", Layout(1, 2)), ("sp8-cfg1-ep4", Layout(8, 1, 4)),
     ("SP4-CFG2", Layout(4, 2)), ("sp1-cfg1-offload", Layout(1, 1, offload=True)),

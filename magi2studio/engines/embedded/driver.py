@@ -23,7 +23,7 @@ import torch
 
 from ...errors import InputError
 from ...vocabulary.request import Request
-from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, Tier, get_tier
+from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, Tier
 from ...run_folder.timing import stage
 from .components import Components
 from .refiner import refiner_recipe, refiner_schedulers
@@ -224,7 +224,7 @@ class EmbeddedDriver:
         from vllm_omni.diffusion.models.magi2.sampler_magi2 import build_magi2_preview_schedulers
 
         stages = _Stages(on_stage)
-        preview_tier = get_tier(tier.preview) if tier.refined else tier
+        preview_tier = tier.preview_tier
         _seed_request(request.seed)
         prompt = request.prompt
         ref_feat = ref_len = special = None

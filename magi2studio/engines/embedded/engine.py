@@ -164,7 +164,7 @@ class EmbeddedEngine(Engine):
     def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict:
         """Steps, refiner steps (refined tiers only), output size, compile mode, deterministic."""
 
-        width, height = output_size(request)
+        width, height = output_size(request, tier)
         refiner_steps = (request.refiner_steps or self.config.default_refiner_steps) if tier.refined else None
         return {"steps": request.steps or self.config.default_steps, "refiner_steps": refiner_steps,
                 "output_size": f"{width}x{height}", "compile": request.compile or "eager",

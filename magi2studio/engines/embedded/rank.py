@@ -138,7 +138,7 @@ def run_job(driver: EmbeddedDriver, job: Job, *, rank: int, world_size: int,
     timer = StepTimer(stage="preview", rank=rank, on_step=on_step)
     with active(timer):
         out = driver.run(job.request, job.tier, job.steps, job.refiner_steps, on_stage=on_stage,
-                         output_size=output_size(job.request))
+                         output_size=output_size(job.request, job.tier))
     return out, [record.as_dict() for record in timer.records]
 
 

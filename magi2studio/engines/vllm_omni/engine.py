@@ -20,7 +20,7 @@ from ...vocabulary.layouts import Layout, rules_for_real_model
 from ...run_folder.metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
 from ...platform import current_platform
 from ...vocabulary.request import Request
-from ...vocabulary.tiers import TIERS, Tier, get_tier
+from ...vocabulary.tiers import TIERS, Tier
 from ...weights import check_weights, resolve_root
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .capabilities import detect, tier_refusal
@@ -104,7 +104,7 @@ class VllmOmniEngine(Engine):
         if layout == self._layout:
             return False
         self.close()
-        self._check_weights(get_tier("272p").name)
+        self._check_weights("272p")
         self._layout = layout
         return True
 

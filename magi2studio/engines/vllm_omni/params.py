@@ -136,7 +136,7 @@ def sampling_params(request: Request, tier: Tier, caps: UpstreamCapabilities):
     extra = {"resolution": tier.name, "seconds": tier.seconds, "deterministic": request.deterministic}
     if request.output_width is not None or request.output_height is not None:
         # Upstream resizes the generated clip when given both (it refuses one alone).
-        extra["output_width"], extra["output_height"] = output_size(request)
+        extra["output_width"], extra["output_height"] = output_size(request, tier)
     return OmniDiffusionSamplingParams(
         seed=request.seed,
         num_inference_steps=request.steps or caps.default_steps,
