@@ -68,7 +68,7 @@ def list_jobs(args: argparse.Namespace) -> int:
     if not state.jobs:
         print(f"no jobs in {Path(args.out) / 'queue.json'}")
         return 0
-    from ..jobs.jobqueue import runner_alive
+    from ..jobs.runner import runner_alive
 
     orphaned = not runner_alive(Path(args.out))
     for job in state.jobs:
@@ -115,7 +115,8 @@ def remove_job(args: argparse.Namespace) -> int:
 def run_jobs(args: argparse.Namespace) -> int:
     """Claim the waiting jobs one by one and run them, like the studio's slot; exit 1 if any failed."""
     from ..engines import get_engine
-    from ..jobs.jobqueue import JobQueue, RunnerLock, execute_job, plan_record
+    from ..jobs.jobqueue import JobQueue
+    from ..jobs.runner import RunnerLock, execute_job, plan_record
     from .progress import ConsoleProgress
     from ..run_folder.runs import check_outputs_root
 

@@ -17,7 +17,8 @@ import gradio as gr
 
 from ..errors import InputError
 from ..jobs.eta import Estimate
-from ..jobs.jobqueue import JobRecord, plan_record
+from ..jobs.jobqueue import JobRecord
+from ..jobs.runner import plan_record
 from .context import StudioContext
 from .session_state import run_folder_named
 

@@ -2,15 +2,17 @@
 
 The Generate button's event is also the public API endpoint ``/generate``: page and
 gradio_client go through the same function, so they get the same validation.
+
+About 300 lines on purpose: :func:`build` makes the form's components and wires their events
+inside one Gradio Blocks context; the endpoint's shape is :mod:`.endpoint`, the form's values
+:mod:`.form`, the layout control :mod:`.layout_picker`, the job list :mod:`.job_panel`.
 """
 
 from __future__ import annotations
 
 import html
-import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from . import form as F
 from . import job_panel, session_state
 from . import layout_picker as LP
 from .context import StudioContext
+from .endpoint import one_parameter_per_field, uploads_only
 
 log = logging.getLogger(__name__)
 
@@ -42,44 +45,6 @@ class GenerateForm:
     def values_from_manifest(self, manifest: dict[str, Any]) -> list[Any]:
         """Form values (in ``fields`` order) that repeat a run: the replay path."""
         return F.values_from_manifest(manifest)
-
-
-def uploads_only(component: gr.File, field: str) -> gr.File:
-    """Refuse a file value that is not an upload (e.g. a raw server path) in the project's words.
-
-    Gradio validates a File input's payload against its data model before any handler runs,
-    also with ``preprocess=False``; its own refusal reaches the client as no message at all.
-    """
-    base = component.data_model
-
-    class UploadedFile(base):  # type: ignore[misc, valid-type]
-        @classmethod
-        def model_validate(cls, obj, *args, **kwargs):
-            if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
-                raise gr.Error(str(InputError(field, "is not an uploaded file",
-                                              "upload it (gradio_client: handle_file(path)); a server path "
-                                              "or plain text is not accepted")), print_exception=False)
-            return base.model_validate(obj, *args, **kwargs)
-
-    component.data_model = UploadedFile
-    return component
-
-
-def _one_parameter_per_field(fn: Callable[[dict[str, Any], gr.Request], Iterator[Any]]) -> Callable[..., Iterator[Any]]:
-    """``fn(form_values, request)`` as Gradio calls an event: one parameter per :data:`form.FIELDS` name
-    (the /generate endpoint's parameter names), then ``request``; so the signature follows the request model."""
-    parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in F.FIELDS]
-    signature = inspect.Signature([*parameters, inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                                  annotation=gr.Request)])
-
-    def event(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        bound = signature.bind(*args, **kwargs).arguments
-        yield from fn({name: bound[name] for name in F.FIELDS}, bound["request"])
-
-    event.__signature__ = signature  # type: ignore[attr-defined]
-    event.__annotations__ = {"request": gr.Request}
-    event.__doc__, event.__name__ = fn.__doc__, fn.__name__
-    return event
 
 
 def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False) -> str:
@@ -260,7 +225,7 @@ def build(ctx: StudioContext) -> None:
                    [new_seed, seed], seed, queue=False, api_visibility="private")
     seed.change(lambda value: value == RANDOM_SEED, seed, new_seed, queue=False, api_visibility="private")
 
-    @_one_parameter_per_field
+    @one_parameter_per_field
     def generate_run(form_values: dict[str, Any], request: gr.Request):
         """Validate, queue, follow: position while waiting, progress while running, then results."""
         cleared = {box: _error_line("") for box in error_boxes}

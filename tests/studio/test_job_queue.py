@@ -14,7 +14,8 @@ from magi2studio import cli
 from magi2studio.jobs import jobqueue
 from magi2studio.run_folder import runs
 from magi2studio.errors import InputError
-from magi2studio.jobs.jobqueue import JobQueue, RunnerLock
+from magi2studio.jobs.jobqueue import JobQueue
+from magi2studio.jobs.runner import RunnerLock, runner_alive
 from magi2studio.vocabulary.request import build_request
 from magi2studio.studio.session_state import run_folder_named
 from magi2studio.studio.slot import EngineSlot
@@ -75,12 +76,12 @@ def test_queue_list_says_when_a_running_jobs_runner_is_gone(tmp_path, capsys):
     queue.claim_next()
     lock = RunnerLock(tmp_path)
     try:
-        assert jobqueue.runner_alive(tmp_path)
+        assert runner_alive(tmp_path)
         assert cli.main(["queue", "list", "--out", str(tmp_path)]) == 0
         assert "runner is gone" not in capsys.readouterr().out
     finally:
         lock.release()
-    assert not jobqueue.runner_alive(tmp_path)  # as after a kill -9 of the runner
+    assert not runner_alive(tmp_path)  # as after a kill -9 of the runner
     assert cli.main(["queue", "list", "--out", str(tmp_path)]) == 0
     assert "running     " in (out := capsys.readouterr().out) and "its runner is gone: it is marked interrupted" in out
 
@@ -298,7 +299,7 @@ def test_the_eta_is_learned_per_stage_and_scales_with_steps(tmp_path):
 def test_the_stage_clock_times_every_stage_and_gives_an_eta():
     from magi2studio.engines.base import Progress
     from magi2studio.jobs.eta import Estimate
-    from magi2studio.studio.slot import StageClock
+    from magi2studio.jobs.stage_clock import StageClock
 
     clock = StageClock(Estimate((("load", 20.0), ("encode", 2.0), ("preview", 8.0), ("mux", 1.0))), now=0.0)
     clock.on_event(Progress("load", message="starting the engine for layout sp1-cfg1"), now=0.0)
