@@ -7,6 +7,9 @@ beeps' pitch (the spectral peak) and their timing against the bounces seen in th
 (within ``BEEP_TOLERANCE_FRAMES``), and for I2VA the first frame against the given image (PSNR
 against the image scaled to the clip's size). A fact the caption does not
 state is reported and not judged. Hashes prove sameness; these verdicts say what a clip shows.
+
+Over 300 lines on purpose: each detector stands next to the thresholds above it and the
+:func:`judge` that turns its observation into a verdict, so a threshold is read where it is used.
 """
 
 from __future__ import annotations
