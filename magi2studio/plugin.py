@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Cancelled
-from .run_folder.metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR, PROGRESS_FILE, kernels_file, steps_file
+from .engines.metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR, PROGRESS_FILE, kernels_file, steps_file
 from .platform import current_platform
-from .run_folder.timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
+from .engines.timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
 
 ENV_STAGE = "MAGI2STUDIO_STAGE"
 ENV_KERNELS = "MAGI2_KERNELS"

@@ -32,7 +32,8 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    from magi2studio.run_folder import runs, timing
+    from magi2studio.run_folder import runs
+    from magi2studio.engines import timing
     from magi2studio.engines import get_engine
     from magi2studio.vocabulary.layouts import parse_layout
     from magi2studio.vocabulary.request import build_request, read_prompt_file

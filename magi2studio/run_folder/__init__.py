@@ -1,1 +1,1 @@
-"""A run folder and what fills it: its writer and readers, media, provenance, step timing."""
+"""A run folder: its one writer and its readers, the atomic writes, the provenance it records."""

@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import determinism
-from . import media, provenance
+from .. import media
+from . import provenance
 from ..engines import ENGINE_NAMES
 from ..engines.base import Engine, Generation, Plan, Progress, ProgressCallback
 from ..errors import InputError
 from ..vocabulary.layouts import Layout, parse_layout
 from ..vocabulary.paths import read_text
 from ..vocabulary.request import Request, build_request
-from .timing import gate_summary
+from ..engines.timing import gate_summary
 
 MANIFEST_VERSION = 1
 RUN_FILES = ("request.yaml", "manifest.json", "steps.jsonl", "video.mp4", "audio.wav", "poster.jpg")

@@ -324,7 +324,7 @@ def score_run(path: str | Path) -> Score:
     """Score a run folder against the prompt it was made from."""
 
     from ..run_folder import runs
-    from ..run_folder.media import decode_mp4
+    from ..media import decode_mp4
 
     folder = runs.load_run(Path(path))
     request = folder.manifest["request"]

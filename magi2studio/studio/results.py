@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..vocabulary.request import RANDOM_SEED
 from ..run_folder.runs import RunFolder
-from ..run_folder.timing import EXCLUDED_STEPS, read_jsonl, slowest_rank_per_step
+from ..engines.timing import EXCLUDED_STEPS, read_jsonl, slowest_rank_per_step
 
 TIMING_COLUMNS = ["step", "ms", "series", "stage", "kind"]
 

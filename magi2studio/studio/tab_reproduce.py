@@ -19,7 +19,7 @@ from ..reproduction.references import BUNDLED_REFERENCES, load_reference
 from ..vocabulary.request import whole_number
 from ..reproduction.reproduce import reproduce
 from ..reproduction.samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
-from ..run_folder.timing import EXCLUDED_STEPS
+from ..engines.timing import EXCLUDED_STEPS
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
 

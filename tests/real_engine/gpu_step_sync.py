@@ -43,7 +43,7 @@ def main(out_dir: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from magi2studio import plugin
-    from magi2studio.run_folder import timing
+    from magi2studio.engines import timing
 
     class MarkedTimer(plugin.WorkerStepTimer):
         """The plugin's timer, with its after-the-loop read marked in the profile."""

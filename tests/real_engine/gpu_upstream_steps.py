@@ -48,7 +48,7 @@ def main(out_dir: str) -> None:
 
     load_omni_general_plugins()
     from magi2studio import plugin
-    from magi2studio.run_folder import timing
+    from magi2studio.engines import timing
     from magi2studio.engines.embedded import upstream_patches
     from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
     from magi2studio.engines.embedded.components import load_components

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from magi2studio import plugin
-from magi2studio.run_folder import timing
-from magi2studio.run_folder.timing import read_jsonl
+from magi2studio.engines import timing
+from magi2studio.engines.timing import read_jsonl
 
 from .tiny_sampler import spawn
 

@@ -83,7 +83,7 @@ def serve(port: int, record_dir: Path) -> None:
     from fastapi.responses import JSONResponse, Response
 
     from magi2studio.plugin import ENV_METRICS_DIR, steps_file
-    from magi2studio.run_folder.timing import StepRecord, write_jsonl
+    from magi2studio.engines.timing import StepRecord, write_jsonl
     from vllm_omni.diffusion.data import (DIFFUSION_REQUEST_LIFECYCLE_KEY, DIFFUSION_REQUEST_STARTED,
                                           OmniDiffusionConfig)
     from vllm_omni.diffusion.models.magi2 import pipeline_magi2
@@ -414,7 +414,7 @@ def test_t2va_round_trip_through_upstreams_serving_video(server, tmp_path):
     from magi2studio.run_folder import runs
     from magi2studio.vocabulary.layouts import Layout
     from magi2studio.vocabulary.request import build_request
-    from magi2studio.run_folder.timing import read_jsonl
+    from magi2studio.engines.timing import read_jsonl
 
     records = server["records"]
     before = set(records.glob("*"))
@@ -430,7 +430,7 @@ def test_t2va_round_trip_through_upstreams_serving_video(server, tmp_path):
 
     frames, audio = decode_independently(only_record(records, ".mp4", before))
     manifest = folder.manifest
-    from magi2studio.run_folder.media import frames_sha256, pcm_sha256
+    from magi2studio.media import frames_sha256, pcm_sha256
 
     assert manifest["hashes"]["frames_sha256"] == frames_sha256(frames)
     assert manifest["hashes"]["pcm_sha256"] == pcm_sha256(audio)

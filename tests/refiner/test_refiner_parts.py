@@ -11,7 +11,7 @@ from magi2studio.errors import InputError
 from magi2studio.vocabulary.layouts import Layout
 from magi2studio.vocabulary.request import build_request, output_size
 from magi2studio.vocabulary.tiers import get_tier
-from magi2studio.run_folder.timing import StepTimer, active, stage
+from magi2studio.engines.timing import StepTimer, active, stage
 
 SHARED = Path("/work/shared/sandai-assets/magi2_refiner.json")
 

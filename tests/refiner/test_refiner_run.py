@@ -10,7 +10,7 @@ from magi2studio.run_folder import runs
 from magi2studio.vocabulary.layouts import parse_layout
 from magi2studio.vocabulary.request import build_request
 from magi2studio.studio.results import timing_frame
-from magi2studio.run_folder.timing import read_jsonl
+from magi2studio.engines.timing import read_jsonl
 
 PROMPT = "a red kite over a windy beach, waves and gulls"
 

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from magi2studio.cli import main
-from magi2studio.run_folder.timing import gate_summary, read_jsonl
+from magi2studio.engines.timing import gate_summary, read_jsonl
 
 PROMPT = "A red kite over a windy beach; waves, gulls and the snap of the kite's fabric."
 

@@ -42,7 +42,7 @@ def test_same_request_same_hashes_other_seed_other_hashes(engine, request_t2va, 
     assert [r["step"] for r in map(json.loads, first.steps.read_text().splitlines())] == [0, 1, 2]
     assert manifest["timing"]["stages"]["preview"]["steps"] == 3
     for name, digest in manifest["files"].items():
-        from magi2studio.run_folder.media import file_sha256
+        from magi2studio.media import file_sha256
         assert file_sha256(first.path / name) == digest
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from magi2studio.run_folder import media, runs
+from magi2studio import media
+from magi2studio.run_folder import runs
 from magi2studio.cli import main
 
 from .conftest import SAMPLES

@@ -9,7 +9,7 @@ import pytest
 
 from magi2studio.semantic import scenes
 from magi2studio.errors import InputError
-from magi2studio.run_folder.media import frames_sha256, pcm_sha256
+from magi2studio.media import frames_sha256, pcm_sha256
 from magi2studio.semantic.scenes import Facts, make_scene, parse_caption
 from magi2studio.vocabulary.tiers import AUDIO_CHANNELS, AUDIO_SAMPLE_RATE, TIERS
 

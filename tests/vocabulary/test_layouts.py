@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from magi2studio.run_folder import media, runs
+from magi2studio import media
+from magi2studio.run_folder import runs
 from magi2studio.engines.embedded.engine import EmbeddedEngine
 from magi2studio.engines.embedded.rank import FAULT_ENV
 from magi2studio.errors import Cancelled, EngineError

@@ -24,7 +24,7 @@ import torch
 from ...errors import InputError
 from ...vocabulary.request import Request
 from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, Tier
-from ...run_folder.timing import stage
+from ..timing import stage
 from .components import Components
 from .refiner import refiner_recipe, refiner_schedulers
 

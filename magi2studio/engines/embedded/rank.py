@@ -25,7 +25,7 @@ import torch.distributed as dist
 from ...errors import Cancelled
 from ...vocabulary.request import Request, output_size
 from ...vocabulary.tiers import Tier
-from ...run_folder.timing import StepTimer, active, install_step_hooks
+from ..timing import StepTimer, active, install_step_hooks
 from . import upstream_patches
 from .components import load_components
 from .driver import DriverOutput, EmbeddedDriver, prepare_compile

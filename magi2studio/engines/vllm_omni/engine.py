@@ -17,7 +17,7 @@ from typing import Any
 from ... import determinism
 from ...errors import InputError
 from ...vocabulary.layouts import Layout, rules_for_real_model
-from ...run_folder.metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
+from ..metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
 from ...platform import current_platform
 from ...vocabulary.request import Request
 from ...vocabulary.tiers import TIERS, Tier

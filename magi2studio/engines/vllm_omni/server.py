@@ -16,8 +16,8 @@ from typing import Any
 
 from ...errors import EngineError, InputError
 from ...vocabulary.layouts import Layout, parse_layout, rules_for_real_model
-from ...run_folder.media import decode_mp4
-from ...run_folder.metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, step_offsets
+from ...media import decode_mp4
+from ..metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, step_offsets
 from ...vocabulary.request import Request
 from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ...weights import resolve_root

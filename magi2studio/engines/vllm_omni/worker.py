@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import Cancelled, EngineError
-from ...run_folder.metrics_folder import PROGRESS_FILE, ProgressFollower, kernels_file, records_since, step_offsets
+from ..metrics_folder import PROGRESS_FILE, ProgressFollower, kernels_file, records_since, step_offsets
 from ...vocabulary.request import build_request
 from .capabilities import detect
 from .output import map_output

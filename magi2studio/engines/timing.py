@@ -156,7 +156,7 @@ def install_step_hooks(sampler_cls: type | None = None) -> type:
         raise RuntimeError(
             f"{sampler_cls.__module__}.{sampler_cls.__qualname__} has no {', '.join(missing)}: the pinned "
             "vLLM-Omni sampler changed, so per-step timing cannot be installed. Pin vllm-omni==0.30.0 "
-            "or update magi2studio.run_folder.timing.HOOKED_METHODS."
+            "or update magi2studio.engines.timing.HOOKED_METHODS."
         )
     if getattr(sampler_cls.sample, _HOOKED, False):
         return sampler_cls

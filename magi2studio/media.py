@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EngineError
+from .errors import EngineError
 
 AAC_FRAME = 1024
 
