@@ -22,6 +22,7 @@ from ..samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
 from ..timing import EXCLUDED_STEPS
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
+from .job_panel import session_owner
 
 TAB_ID = "reproduce"
 COLUMNS = ["sample", "status", "mode", "seed", "tier", "steps", "frames sha256", "pcm sha256", "gate ms/step",
@@ -98,7 +99,7 @@ def build(ctx: StudioContext) -> None:
 
     def run_set(source_value, files, tier_value, layout_value, seed_value, policy_value, steps_value,
                 expect_value, expect_path, skip_value, request: gr.Request):
-        owner = request.session_hash or "anonymous"
+        owner = session_owner(request)
         staged = None
         try:
             set_path = BUNDLED_ALIAS if source_value == BUNDLED_CHOICE else stage_upload(files, ctx.scratch)
@@ -181,7 +182,7 @@ def build(ctx: StudioContext) -> None:
                rows_of(report), gallery, footer)
 
     def stop_set(request: gr.Request):
-        owner = request.session_hash or "anonymous"
+        owner = session_owner(request)
         if not jobs.stop(owner):
             return "nothing of yours is running"
         ctx.slot.cancel(owner)
