@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import quote
 
 import httpx
@@ -17,6 +18,7 @@ from gradio_client import Client
 
 from magi2studio import runs
 from magi2studio.studio.form import FIELDS
+from magi2studio.studio.job_panel import JobPanel
 from magi2studio.jobqueue import LOCK_FILE, QUEUE_FILE, RUNNER_LOCK_FILE, JobQueue
 
 from studio_support import generate_args
@@ -86,7 +88,8 @@ def planted(studio):
     (root / "escape-dir").symlink_to(PROJECT, target_is_directory=True)
     assert (root / QUEUE_FILE).is_file() and (root / LOCK_FILE).is_file() and (root / RUNNER_LOCK_FILE).is_file()
     try:
-        yield {"root": root, "complete": complete, "hidden": hidden, "linked": linked, "report": report}
+        yield {"root": root, "complete": complete, "hidden": hidden, "linked": linked, "report": report,
+               "client": owner}
     finally:
         for path in (hidden, linked, root / "reproduce"):
             shutil.rmtree(path, ignore_errors=True)
@@ -187,6 +190,12 @@ def test_job_control_needs_the_job_s_own_session(studio, planted):
                                ("remove", done.id), ("open", done.id), ("run again", done.id)):
             notice = _panel_action(studio, action, job_id, "attacker-session")
             assert notice.startswith("✗ job: "), (action, notice)
+        # The list shows every job, with buttons only on the caller's own.
+        panel = JobPanel(studio.ctx)
+        mine = panel.render(SimpleNamespace(session_hash=planted["client"].session_hash))
+        theirs = panel.render(SimpleNamespace(session_hash="attacker-session"))
+        assert f'data-action="open" data-job="{done.id}"' in mine and f'data-job="{done.id}"' in theirs
+        assert "<button" not in theirs
         state = queue.read()
         assert [state.find(i).state for i in (running_id, waiting_id, cli_job.id)] == ["running", "waiting",
                                                                                        "waiting"]
