@@ -35,7 +35,7 @@ def create_app(engine: Engine, outputs_root: Path, *, max_waiting: int = 32, pre
     ctx = StudioContext(engine=engine, capabilities=capabilities, slot=slot, outputs_root=outputs_root,
                         gpu_gib=gpu_gib)
     with StudioBlocks(title=TITLE, analytics_enabled=False) as demo:
-        demo.served = ServedFiles(outputs_root)  # not the whole root: it holds the queue file and temp folders
+        demo.served = ServedFiles(outputs_root)  # the linked reports, not the root: it holds the queue file
         ctx.demo = demo
         gr.Markdown(f"# {TITLE} · {capabilities.engine} engine")
         with gr.Tabs() as tabs:
@@ -63,7 +63,7 @@ def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -
     css = (ASSETS / "studio.css").read_text(encoding="utf-8") + "".join(
         f'\n#tier label:has(input[value="{tier}"]) {{ opacity: .45; pointer-events: none; }}' for tier in disabled)
     return {
-        # Run folders and reports are added per look-up by StudioBlocks (served.py), never the whole outputs root.
+        # The linked reports are added per look-up by StudioBlocks (served.py), never the whole outputs root.
         "allowed_paths": [str(ASSETS)],
         "css": css,
         "theme": theme(),

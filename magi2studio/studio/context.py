@@ -34,8 +34,8 @@ class StudioContext:
       a tab that generates calls ``ctx.slot.submit(ctx.engine.plan(request, layout), owner)`` and
       ``ctx.slot.follow(job)``; ``owner`` is who may act on the job (``job_panel``: the page's browser id,
       else ``job_panel.session_owner(request)``).
-    - ``outputs_root``: where run folders are written; the app serves its complete run folders and
-      reports only (``served.py``).
+    - ``outputs_root``: where run folders are written; not served as a folder: components get cached
+      copies of what they show (``served.cached``), and only the linked reports are served from it.
     - ``scratch``: a private temp folder for derived files (run-folder zips, staged uploads);
       zips are capped at ``scratch_cap_bytes`` (oldest removed first), and ``close()``
       removes the folder at shutdown.

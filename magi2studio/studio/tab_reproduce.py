@@ -23,6 +23,7 @@ from ..timing import EXCLUDED_STEPS
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
 from .job_panel import session_owner
+from .served import cached
 
 TAB_ID = "reproduce"
 COLUMNS = ["sample", "status", "mode", "seed", "tier", "steps", "frames sha256", "pcm sha256", "gate ms/step",
@@ -174,8 +175,8 @@ def build(ctx: StudioContext) -> None:
             yield f"**{kind}**: {first}", gr.skip(), gr.skip(), gr.skip()
             return
         report = first
-        gallery = [(str(out / r["poster"]), f"{r['name']}: {r['verdict'] or r['status']}")
-                   for r in report["samples"] if r["poster"]]
+        copies = [(cached(out / r["poster"], ctx.outputs_root), r) for r in report["samples"] if r["poster"]]
+        gallery = [(poster, f"{r['name']}: {r['verdict'] or r['status']}") for poster, r in copies if poster]
         summary = ", ".join(f"{k} {v}" for k, v in report["summary"].items() if v)
         footer = "\n".join(f"- {n}" for n in report["cannot_check_here"])
         yield (f"**done**: {summary}. Reports: {report_links(out, ('report.html', 'report.md', 'report.json'))}",

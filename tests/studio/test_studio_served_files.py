@@ -1,6 +1,8 @@
-"""What the studio gives to anyone who can reach it over HTTP (issue 32): the files of complete run folders,
-and nothing else of the outputs root (queue state, locks, hidden temp folders, symlinks out) or outside it,
-by any route or spelling of a path; and job control (cancel, remove, open) only for the job's own session."""
+"""What the studio gives to anyone who can reach it over HTTP (issue 32): what the page shows of complete run
+folders (as Gradio's cached copies) and the reports it links, and nothing else of the outputs root (queue
+state, locks, hidden temp folders, symlinks out) or outside it, by any route or spelling of a path; job
+control (cancel, remove, open, run again) only for the job's own browser or session; a server path sent as a
+file is one line naming the field."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from gradio_client import Client
 from magi2studio import runs
 from magi2studio.studio.form import FIELDS
 from magi2studio.studio.job_panel import JobPanel
+from magi2studio.studio.served import cached
 from magi2studio.jobqueue import LOCK_FILE, QUEUE_FILE, RUNNER_LOCK_FILE, JobQueue
 
 from studio_support import generate_args
@@ -71,7 +74,7 @@ def planted(studio):
     """A complete run (through /generate) and, beside it, what must never be served; removed afterwards."""
     root = Path(studio.outputs).resolve()
     owner = Client(studio.url, verbose=False)
-    owner.predict(**generate_args(prompt=PROMPT, seed=31), api_name="/generate")
+    result = owner.predict(**generate_args(prompt=PROMPT, seed=31), api_name="/generate")
     complete = next(p for p in root.iterdir() if runs.is_complete(p) and not p.name.startswith(".")
                     and json.loads((p / "manifest.json").read_text())["request"]["prompt"] == PROMPT)
     hidden = root / f".{complete.name}.probe1"  # a run folder still being written looks like this
@@ -89,7 +92,7 @@ def planted(studio):
     assert (root / QUEUE_FILE).is_file() and (root / LOCK_FILE).is_file() and (root / RUNNER_LOCK_FILE).is_file()
     try:
         yield {"root": root, "complete": complete, "hidden": hidden, "linked": linked, "report": report,
-               "client": owner}
+               "client": owner, "shown": result}
     finally:
         for path in (hidden, linked, root / "reproduce"):
             shutil.rmtree(path, ignore_errors=True)
@@ -97,7 +100,7 @@ def planted(studio):
             path.unlink(missing_ok=True)
 
 
-def test_nothing_but_complete_run_folders_is_served(studio, planted, monkeypatch):
+def test_nothing_but_what_the_page_shows_is_served(studio, planted, monkeypatch):
     root, complete, hidden, linked = planted["root"], planted["complete"], planted["hidden"], planted["linked"]
     report = planted["report"]
     uploads = Path(studio.ctx.uploads).resolve()
@@ -108,6 +111,8 @@ def test_nothing_but_complete_run_folders_is_served(studio, planted, monkeypatch
         root / "escape": "[project]", root / "escape-dir" / "pyproject.toml": "[project]",
         report / "notes.txt": PROMPT, report / ".partial" / "report.html": PROMPT,
         Path("/etc/passwd"): "root:", PROJECT / "pyproject.toml": "[project]",
+        # Shown by the page only as Gradio's cached copies (below), so not served from the outputs root.
+        complete / "video.mp4": None, complete / "manifest.json": PROMPT, complete / "request.yaml": PROMPT,
     }
     leaks = []
     for target, marker in secrets.items():
@@ -117,12 +122,23 @@ def test_nothing_but_complete_run_folders_is_served(studio, planted, monkeypatch
                 leaks.append(f"{response.status_code} {form}")
     assert not leaks, "served:\n" + "\n".join(leaks)
 
-    # The control: a complete run folder's files and a linked report are served, absolute or cwd-relative.
-    for path in [complete / name for name in runs.RUN_FILES] + [report / "report.html"]:
-        for form in (f"gradio_api/file={path}", f"gradio_api/file={os.path.relpath(path)}"):
+    # The control: what the page shows of a complete run (the video and WAV /generate returned, a History
+    # poster) and a linked report are served.
+    video, wav = planted["shown"][0], planted["shown"][1]
+    video = video["video"] if isinstance(video, dict) else video
+    posters = studio.ctx.demo.fns  # History's listing, as the page loads it
+    load_history = next(f.fn for f in posters.values() if f.name == "load_history")
+    poster = next(item[0] for item in load_history(PROMPT)[0] if (complete / "poster.jpg").read_bytes()
+                  == Path(item[0]).read_bytes())
+    for path, original in ((video, complete / "video.mp4"), (wav, complete / "audio.wav"),
+                           (poster, complete / "poster.jpg"), (report / "report.html", report / "report.html")):
+        for form in (f"gradio_api/file={path}", f"gradio_api/file={quote(os.path.relpath(path), safe='')}"):
             response = fetch(studio.url + form)
             assert response.status_code == 200, form
-            assert response.content == path.read_bytes(), form
+            assert response.content == Path(original).read_bytes(), form
+    # A component never gets a copy of what a symlink in a run folder points to.
+    assert cached(linked / "video.mp4", root) is None and cached(root / "escape", root) is None
+    assert Path(cached(complete / "video.mp4", root)).is_relative_to(uploads)
 
 
 def _queued_id(job) -> str:
