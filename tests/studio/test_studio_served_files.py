@@ -21,7 +21,6 @@ from gradio_client import Client
 from magi2studio import runs
 from magi2studio.studio.form import FIELDS
 from magi2studio.studio.job_panel import JobPanel
-from magi2studio.studio.served import cached
 from magi2studio.jobqueue import LOCK_FILE, QUEUE_FILE, RUNNER_LOCK_FILE, JobQueue
 
 from studio_support import generate_args
@@ -137,6 +136,8 @@ def test_nothing_but_what_the_page_shows_is_served(studio, planted, monkeypatch)
             assert response.status_code == 200, form
             assert response.content == Path(original).read_bytes(), form
     # A component never gets a copy of what a symlink in a run folder points to.
+    from magi2studio.studio.served import cached
+
     assert cached(linked / "video.mp4", root) is None and cached(root / "escape", root) is None
     assert Path(cached(complete / "video.mp4", root)).is_relative_to(uploads)
 
