@@ -14,8 +14,8 @@ from ..errors import InputError
 from ..runs import RunFolder, load_run, manifest_request
 from . import results as R
 from .context import StudioContext
-from .served import cached
 from .form import FIELDS
+from .served import cached
 from .timing_plot import timing_html
 
 TAB_ID = "results"
