@@ -304,9 +304,17 @@ def build(ctx: StudioContext) -> None:
             return _progress_html("cancelling: the run stops at the next step boundary")
         return _progress_html("nothing of yours is running or waiting")
 
-    def cancel_job(job_id: str) -> str:
-        """Cancel by job id (shown when the run is queued): for HTTP clients, whose calls have no shared session."""
-        if ctx.slot.cancel_job(job_id if isinstance(job_id, str) else ""):
+    def cancel_job(job_id: str, request: gr.Request) -> str:
+        """Cancel one of the caller's jobs by id (shown when it is queued): a client that submits from several
+        sessions (raw HTTP calls) cancels from the one that queued it (the same ``session_hash``)."""
+        try:
+            record = ctx.slot.snapshot().find(job_id if isinstance(job_id, str) else "")
+        except InputError:
+            record = None
+        if record is not None and not panel.owns(record, request):
+            return (f"job_id: {str(job_id)[:40]!r} was queued by another client. Fix: cancel from the session that "
+                    "queued it (the same gradio_client Client, or the same session_hash in raw /call requests)")
+        if record is not None and ctx.slot.cancel_job(record.id):
             return "cancelling: the run stops at the next step boundary"
         return f"job_id: {str(job_id)[:40]!r} is not a waiting or running job. Fix: use the id from the queued line"
 
