@@ -94,7 +94,7 @@ def is_complete(path: Path) -> bool:
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 HASHED_FILES = ("request.yaml", "steps.jsonl", "video.mp4", "audio.wav", "poster.jpg")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-RUN_ID_HEX = 16  # 64 bits: no edit can be ground until its digest matches a name already given
+RUN_ID_HEX = 16  # 64 bits: an edit tried over and over until its digest matches a given name takes ~2**64 tries
 _RUN_ID = re.compile(rf"[0-9a-f]{{{RUN_ID_HEX}}}")
 RUN_ID_KEY = "run_id"
 RUN_ID_RULE = (f"the last part of this run folder's name: the first {RUN_ID_HEX} hex digits of this manifest.json's "
