@@ -35,7 +35,7 @@ SYNC_S = 0.5  # how often the worker looks for changes other processes made to t
 TICK_S = 0.5  # how often a follower of a running job is sent a tick (the page's timer)
 # How often a follower of a waiting job is sent its place again, also when it did not change: each
 # update hands control back to Gradio, which then sees a client that has gone and closes the handler.
-KEEPALIVE_S = 1.0
+KEEPALIVE_S = 2.0
 FOLLOWERS_GONE_S = 10.0  # at shutdown, how long the followers get to take their last update
 STAGE_NAMES = {"load": "engine start", "decode_video": "decode video", "decode_audio": "decode audio"}
 

@@ -88,10 +88,11 @@ def wait_for_output(job, text: str, timeout_s: float = 60.0) -> None:
 
 @dataclass
 class StudioProcess:
-    """A ``magi2studio studio`` in its own process (as deployed): its URL, Gradio cache folder and process."""
+    """A ``magi2studio studio`` in its own process (as deployed): its URL, Gradio cache folder (None when its
+    first line names none) and process."""
 
     url: str
-    cache: Path
+    cache: Path | None
     process: subprocess.Popen
 
 
@@ -109,8 +110,7 @@ def studio_process(outputs: Path, *, queue_size: int = 8, start_timeout_s: float
     try:
         started = _started_line(process, start_timeout_s)
         cache = re.search(r"cache (\S+)\)$", started)
-        assert cache, f"the studio's first line names no cache folder: {started!r}"
-        yield StudioProcess(f"http://127.0.0.1:{port}/", Path(cache.group(1)), process)
+        yield StudioProcess(f"http://127.0.0.1:{port}/", Path(cache.group(1)) if cache else None, process)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -25,7 +25,8 @@ INTERRUPTED = re.compile(r"^studio: shutting down; job #1 stopped at a step boun
 def test_sigterm_during_a_run_tells_the_client_in_one_line_and_leaves_nothing_behind(tmp_path):
     outputs = tmp_path / "outputs"
     with studio_process(outputs, queue_size=4) as studio:
-        assert studio.cache.is_dir() and studio.cache.parent == Path(tempfile.gettempdir())
+        assert studio.cache is not None and studio.cache.is_dir()
+        assert studio.cache.parent == Path(tempfile.gettempdir())
         client = Client(studio.url, verbose=False)
         job = client.submit(**generate_args(seed=3, steps=400), api_name="/generate")
         wait_for_output(job, "preview: step 2/400", timeout_s=180)
@@ -46,9 +47,9 @@ def test_a_clean_release_removes_the_runner_lock_and_a_killed_runners_lock_is_ta
     lock.release()
     assert not (tmp_path / RUNNER_LOCK_FILE).exists() and not runner_alive(tmp_path)
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from magi2studio.jobqueue import RunnerLock; "
-                               "held = RunnerLock(sys.argv[1]); print('held', flush=True); time.sleep(600)", str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True)
+    hold = ("import sys, time; from magi2studio.jobqueue import RunnerLock; "
+            "held = RunnerLock(sys.argv[1]); print('held', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         assert runner_alive(tmp_path)
