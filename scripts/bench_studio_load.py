@@ -6,7 +6,8 @@ adds one long headless job (``queue add``'s kind) so that the engine is busy, se
 prints JSON: each answer's kind and seconds (min / median / max), then, after every client has
 gone, how many of their jobs ran and how long until none of them was pending. ``--gradio-client``
 makes each client a ``gradio_client.Client`` (its config and API-info fetches included, as an
-audit would), else a plain-HTTP client of ``/gradio_api/call/generate``.
+audit would; answers only: a Client's stream stays open while this process lives), else a
+plain-HTTP client of ``/gradio_api/call/generate``.
 
     PYTHONPATH=$PWD:$PWD/kernels .venv/bin/python scripts/bench_studio_load.py --clients 64
 """
@@ -91,7 +92,7 @@ def main() -> int:
             answers = send(studio.url, args.clients, guard_s=args.guard, steps=3)
             gone = time.monotonic()
             api = lambda: [job for job in queue.read().jobs if job.source == "api"]  # noqa: E731
-            while any(job.pending for job in api()) and time.monotonic() - gone < 120:
+            while not args.gradio_client and any(job.pending for job in api()) and time.monotonic() - gone < 120:
                 time.sleep(0.2)
             settled_s = time.monotonic() - gone
             jobs = api()
@@ -105,10 +106,11 @@ def main() -> int:
                            "median_s": round(statistics.median(times), 2), "max_s": round(max(times), 2)}
                     for kind, times in sorted(kinds.items())},
         "api_jobs": len(jobs),
-        "api_jobs_that_ran": sum(job.started is not None for job in jobs),
-        "api_jobs_pending_after_clients_left": sum(job.pending for job in jobs),
-        "api_job_states": dict(collections.Counter(job.state for job in jobs)),
-        "seconds_until_none_pending": round(settled_s, 2),
+        **({} if args.gradio_client else {
+            "api_jobs_that_ran": sum(job.started is not None for job in jobs),
+            "api_jobs_pending_after_clients_left": sum(job.pending for job in jobs),
+            "api_job_states": dict(collections.Counter(job.state for job in jobs)),
+            "seconds_until_none_pending": round(settled_s, 2)}),
         "refusal": next((answer.text for answer in answers if answer.kind == "refused"), None),
     }
     print(json.dumps(report, indent=1))
