@@ -21,9 +21,6 @@ from .slot import EngineSlot
 
 TABS = ("generate", "results", "history", "environment", "reproduce", "ab")
 TITLE = "MAGI-2 studio"
-# Gradio's delete_cache: every CACHE_SWEEP_S, the files this app put in Gradio's cache (the videos,
-# WAVs and zips it served) that are older than CACHE_AGE_S go; all of them when the server stops.
-CACHE_SWEEP_S, CACHE_AGE_S = 600, 3600
 
 
 def create_app(engine: Engine, outputs_root: Path, *, max_waiting: int = 32, preload: str | None = None,
@@ -36,7 +33,7 @@ def create_app(engine: Engine, outputs_root: Path, *, max_waiting: int = 32, pre
                       preload=parse_layout(preload) if preload else None)
     ctx = StudioContext(engine=engine, capabilities=capabilities, slot=slot, outputs_root=outputs_root,
                         gpu_gib=gpu_gib)
-    with gr.Blocks(title=TITLE, analytics_enabled=False, delete_cache=(CACHE_SWEEP_S, CACHE_AGE_S)) as demo:
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
         ctx.demo = demo
         gr.Markdown(f"# {TITLE} · {capabilities.engine} engine")
         with gr.Tabs() as tabs:
