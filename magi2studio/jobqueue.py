@@ -189,8 +189,7 @@ class JobQueue:
         with self._changing(creates=True) as state:
             waiting = len(state.waiting())
             if waiting >= state.max_waiting:
-                raise InputError("queue", f"{waiting} runs are already waiting (the limit is {state.max_waiting})",
-                                 "wait until some have run, or cancel one (magi2studio queue cancel ID)")
+                raise queue_full(waiting, state.max_waiting)
             job = JobRecord(id=uuid.uuid4().hex, ticket=state.next_ticket, state="waiting", request=request,
                             layout=layout, owner=owner, source=source, submitted=time.time())
             state.next_ticket += 1
@@ -254,6 +253,12 @@ class JobQueue:
         return interrupted
 
 
+def queue_full(waiting: int, limit: int) -> InputError:
+    """The refusal of a job past the bound (the studio also says it at its door, before planning)."""
+    return InputError("queue", f"{waiting} runs are already waiting (the limit is {limit})",
+                      "wait until some have run, or cancel one (magi2studio queue cancel ID)")
+
+
 def _put(state: QueueState, job: JobRecord) -> None:
     state.jobs = [job if old.id == job.id else old for old in state.jobs]
 
@@ -266,27 +271,41 @@ def _trim_finished(state: QueueState) -> None:
 
 
 class RunnerLock:
-    """Held by the one process that runs the queue's jobs; the OS lets go of it if that process dies."""
+    """Held by the one process that runs the queue's jobs; the OS lets go of it if that process dies
+    (the file stays then, unlocked, and the next runner takes it). A clean release removes the file."""
 
     def __init__(self, outputs_root: Path) -> None:
         root = Path(outputs_root)
         root.mkdir(parents=True, exist_ok=True)
-        self._file = open(root / RUNNER_LOCK_FILE, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.seek(0)
-            holder = self._file.read().strip() or "another process"
-            self._file.close()
-            raise InputError("out", f"{root} is already served by {holder}",
-                             "stop that studio or queue runner, or give this one another --out folder "
-                             "(magi2studio queue add still works beside it)") from None
+        self._path = root / RUNNER_LOCK_FILE
+        while True:
+            self._file = open(self._path, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._file.seek(0)
+                holder = self._file.read().strip() or "another process"
+                self._file.close()
+                raise InputError("out", f"{root} is already served by {holder}",
+                                 "stop that studio or queue runner, or give this one another --out folder "
+                                 "(magi2studio queue add still works beside it)") from None
+            if self._is_the_file_at_path():
+                break
+            self._file.close()  # a runner that released meanwhile removed this file: lock the one there now
         self._file.truncate(0)
         self._file.write(f"pid {os.getpid()}\n")
         self._file.flush()
 
+    def _is_the_file_at_path(self) -> bool:
+        try:
+            return os.stat(self._path).st_ino == os.fstat(self._file.fileno()).st_ino
+        except FileNotFoundError:
+            return False
+
     def release(self) -> None:
         if not self._file.closed:
+            if self._is_the_file_at_path():
+                self._path.unlink()  # still locked: no other runner can hold this file now
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
 
