@@ -159,7 +159,8 @@ def test_a_stopped_rank_trips_the_step_watchdog_and_the_next_run_gets_fresh_rank
                 os.kill(pids[1], signal.SIGSTOP)
 
         started = time.monotonic()
-        with pytest.raises(EngineError, match=r"made no progress for .* s while running.*step watchdog"):
+        with pytest.raises(EngineError, match=r"^rank 1 of layout sp2-cfg1 made no progress for .* s while running"
+                                              r".*: stopped \(state T\), rank 0 waiting on it;.*step watchdog"):
             runs.execute(engine, request, layout, tmp_path, on_progress=stop_rank_1)
         assert time.monotonic() - started < WATCHDOG_S + 30
         for pid in pids:
@@ -167,6 +168,22 @@ def test_a_stopped_rank_trips_the_step_watchdog_and_the_next_run_gets_fresh_rank
         assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".probe")]
         assert engine.start(layout) is True
         assert runs.is_complete(runs.execute(engine, request, layout, tmp_path).path)
+    finally:
+        engine.close()
+
+
+def test_the_start_limit_names_itself_and_the_ranks_not_ready(monkeypatch):
+    """It fired at the start limit and said "no progress for 600 s" (the step watchdog's)."""
+
+    from magi2studio.engines.embedded import pool
+
+    monkeypatch.setattr(pool, "STARTUP_TIMEOUT_S", 0.5)  # the ranks take seconds to import torch
+    engine = EmbeddedEngine(rank_timeout_s=600)
+    try:
+        with pytest.raises(EngineError, match=r"^ranks 0, 1 of layout sp2-cfg1 did not start within the 0.5 s "
+                                              r"start limit; the ranks were killed$"):
+            engine.start(parse_layout("sp2-cfg1"))
+        assert engine._pool is None
     finally:
         engine.close()
 
