@@ -86,9 +86,14 @@ def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
 
 
 def write_poster(path: Path, frames: np.ndarray) -> None:
+    """The middle frame as a JPEG, encoded in memory and written by Python: Pillow's encoder ignores a short
+    write (a full disk, ``ulimit -f``) and would leave a cut poster behind; Python's write raises."""
+
     from PIL import Image
 
-    Image.fromarray(np.ascontiguousarray(frames[len(frames) // 2])).save(path, format="JPEG", quality=90)
+    encoded = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(frames[len(frames) // 2])).save(encoded, format="JPEG", quality=90)
+    Path(path).write_bytes(encoded.getvalue())
 
 
 def decode_mp4(data: bytes) -> tuple[np.ndarray, np.ndarray, float, int]:

@@ -55,12 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     runs_root = args.runs or Path(tempfile.mkdtemp(prefix="heldout-"))
     engine = EmbeddedEngine(weights=args.weights)
     layout = parse_layout("sp1-cfg1")
+    driver = _decoding_driver(engine) if args.decode_codes else None
     results = []
     for index, facts in enumerate(HELD_OUT[: args.limit]):
         caption = caption_for(facts, index % PHRASINGS)
         started = time.perf_counter()
         if args.decode_codes:
-            score, where = _decode_codes(engine, layout, facts, args.tier, args.seed + index), "codes"
+            score, where = _decode_codes(driver, engine.config, facts, args.tier, args.seed + index), "codes"
         else:
             request = Request(prompt=caption, seed=args.seed + index, tier=args.tier, steps=args.steps)
             folder = runs.execute(engine, request, layout, runs_root)
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{index:2d} {seconds:5.1f} s  " + " ".join(f"{a}={'Y' if m else 'n' if m is False else '-'}"
                                                       for a, m in verdicts.items()) + f"  | {caption}", flush=True)
     info = engine.info()
+    if driver is not None:  # no ranks ran; the decoders came from this checkpoint
+        info["checkpoint"] = str(driver.c.root)
     engine.close()
     rates = {}
     for attribute in ATTRIBUTES:
@@ -87,7 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _decode_codes(engine, layout, facts, tier_name: str, seed: int):
+def _decoding_driver(engine):
+    """The engine's checkpoint loaded in this process as a rank loads it, for its decoders only."""
+
+    from magi2studio.engines.embedded import upstream_patches
+    from magi2studio.engines.embedded.rank import load_driver
+
+    upstream_patches.init_world_of_one()  # released when the script exits
+    return load_driver(engine.checkpoint())
+
+
+def _decode_codes(driver, config, facts, tier_name: str, seed: int):
     """A held-out scene's own latent codes through the checkpoint's decoders, scored."""
 
     import torch
@@ -98,8 +111,6 @@ def _decode_codes(engine, layout, facts, tier_name: str, seed: int):
     from magi2studio.training import latents as codes
 
     tier = get_tier(tier_name)
-    engine.start(layout)
-    driver, config = engine._pool.driver, engine.config  # sp1-cfg1: the in-process pool
     scene = make_scene(facts, tier, seed)
     frames = codes.scene_frames(scene, codes.latent_frame_times(tier.frames, config.latent_frames))
     video = codes.encode_frames(frames, config.spatial_stride).unsqueeze(0)

@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 from ..errors import InputError
 
 log = logging.getLogger(__name__)
 AUTH_ENV = "MAGI2STUDIO_AUTH"
+# After the followers took their last update, the time Gradio gets to send it before its server stops.
+LAST_MESSAGES_S = 1.0
 
 
 def parse_auth(text: str | None) -> tuple[str, str] | None:
@@ -47,22 +52,34 @@ def run(args: argparse.Namespace) -> int:
     from ..engines import get_engine
     from ..studio.app import create_app, launch_options
 
-    engine = get_engine(args.engine)
-    demo, ctx = create_app(engine, args.out, max_waiting=args.queue_size, preload=args.preload,
-                           gpu_gib=args.gpu_gib)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True,
-                **launch_options(ctx, auth=auth))
-    print(f"studio: http://{args.host}:{args.port} (engine {ctx.capabilities.engine}, outputs {ctx.outputs_root})",
-          flush=True)
+    # Gradio's file cache (uploads, the files it serves) is this process's own, removed at exit;
+    # /tmp/gradio, shared and never emptied, grew by every run shown. GRADIO_TEMP_DIR set by the user wins.
+    gradio_temp = None if os.environ.get("GRADIO_TEMP_DIR") else tempfile.mkdtemp(prefix="magi2studio-gradio-")
+    if gradio_temp:
+        os.environ["GRADIO_TEMP_DIR"] = gradio_temp
     try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
+        engine = get_engine(args.engine)
+        demo, ctx = create_app(engine, args.out, max_waiting=args.queue_size, preload=args.preload,
+                               gpu_gib=args.gpu_gib)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True,
+                    **launch_options(ctx, auth=auth))
+        print(f"studio: http://{args.host}:{args.port} (engine {ctx.capabilities.engine}, "
+              f"outputs {ctx.outputs_root}, cache {os.environ['GRADIO_TEMP_DIR']})", flush=True)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            # The slot first: the running job stops at a step and is marked interrupted, and every client
+            # is told so while Gradio still serves; then the server stops.
+            ctx.slot.close()
+            time.sleep(LAST_MESSAGES_S)
+            demo.close()
+            engine.close()
+            ctx.close()
     finally:
-        demo.close()
-        ctx.slot.close()
-        engine.close()
-        ctx.close()
+        if gradio_temp:
+            shutil.rmtree(gradio_temp, ignore_errors=True)
     return 0

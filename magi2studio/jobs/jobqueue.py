@@ -188,8 +188,7 @@ class JobQueue:
         with self._changing(creates=True) as state:
             waiting = len(state.waiting())
             if waiting >= state.max_waiting:
-                raise InputError("queue", f"{waiting} runs are already waiting (the limit is {state.max_waiting})",
-                                 "wait until some have run, or cancel one (magi2studio queue cancel ID)")
+                raise queue_full(waiting, state.max_waiting)
             job = JobRecord(id=uuid.uuid4().hex, ticket=state.next_ticket, state="waiting", request=request,
                             layout=layout, owner=owner, source=source, submitted=time.time())
             state.next_ticket += 1
@@ -251,6 +250,12 @@ class JobQueue:
                     _put(state, marked)
                     interrupted.append(marked)
         return interrupted
+
+
+def queue_full(waiting: int, limit: int) -> InputError:
+    """The refusal of a job past the bound (the studio also says it at its door, before planning)."""
+    return InputError("queue", f"{waiting} runs are already waiting (the limit is {limit})",
+                      "wait until some have run, or cancel one (magi2studio queue cancel ID)")
 
 
 def _put(state: QueueState, job: JobRecord) -> None:

@@ -18,27 +18,41 @@ from ..errors import InputError
 from .jobqueue import RUNNER_LOCK_FILE, JobRecord
 
 class RunnerLock:
-    """Held by the one process that runs the queue's jobs; the OS lets go of it if that process dies."""
+    """Held by the one process that runs the queue's jobs; the OS lets go of it if that process dies
+    (the file stays then, unlocked, and the next runner takes it). A clean release removes the file."""
 
     def __init__(self, outputs_root: Path) -> None:
         root = Path(outputs_root)
         root.mkdir(parents=True, exist_ok=True)
-        self._file = open(root / RUNNER_LOCK_FILE, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.seek(0)
-            holder = self._file.read().strip() or "another process"
-            self._file.close()
-            raise InputError("out", f"{root} is already served by {holder}",
-                             "stop that studio or queue runner, or give this one another --out folder "
-                             "(magi2studio queue add still works beside it)") from None
+        self._path = root / RUNNER_LOCK_FILE
+        while True:
+            self._file = open(self._path, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._file.seek(0)
+                holder = self._file.read().strip() or "another process"
+                self._file.close()
+                raise InputError("out", f"{root} is already served by {holder}",
+                                 "stop that studio or queue runner, or give this one another --out folder "
+                                 "(magi2studio queue add still works beside it)") from None
+            if self._is_the_file_at_path():
+                break
+            self._file.close()  # a runner that released meanwhile removed this file: lock the one there now
         self._file.truncate(0)
         self._file.write(f"pid {os.getpid()}\n")
         self._file.flush()
 
+    def _is_the_file_at_path(self) -> bool:
+        try:
+            return os.stat(self._path).st_ino == os.fstat(self._file.fileno()).st_ino
+        except FileNotFoundError:
+            return False
+
     def release(self) -> None:
         if not self._file.closed:
+            if self._is_the_file_at_path():
+                self._path.unlink()  # still locked: no other runner can hold this file now
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
 

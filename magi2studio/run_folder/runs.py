@@ -1,9 +1,11 @@
 """Run folders: one request in, one complete folder out, never half a folder.
 
-``outputs/<time>-<mode>-<tier>-s<seed>-<id>/`` holds request.yaml, manifest.json,
+``outputs/<time>-<mode>-<tier>-s<seed>-<run id>/`` holds request.yaml, manifest.json,
 steps.jsonl, video.mp4 (with the audio track and the request in its metadata), audio.wav
 and poster.jpg. Everything is written into a hidden temp folder beside it and renamed into
-place once complete; a cancelled or failed run leaves nothing.
+place once complete; a cancelled or failed run leaves nothing. The run id is the first 16 hex
+digits of manifest.json's sha256, and the manifest holds every other file's sha256, so the name
+covers the folder: an edit of any file shows without a re-run (``verify_run``).
 """
 
 from __future__ import annotations
@@ -15,17 +17,17 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import determinism
-from .. import media
+from .. import determinism, media
 from . import provenance
 from ..engines import ENGINE_NAMES
 from ..engines.base import Engine, Generation, Plan, Progress, ProgressCallback
-from ..errors import InputError
+from ..errors import InputError, os_error_naming
 from ..vocabulary.layouts import Layout, parse_layout
 from ..vocabulary.paths import read_text
 from ..vocabulary.request import Request, build_request
@@ -58,22 +60,31 @@ class RunFolder:
 
 
 def check_outputs_root(root: Path) -> Path:
-    """Create the outputs root if needed and prove it is writable, before any engine work."""
+    """Create the outputs root if needed and prove it is writable, before any engine work.
+
+    A path that is no folder is bad input (InputError, exit 2); a folder the system will not let this
+    user write (permission, read-only filesystem, quota) is a refused write, the OSError itself with the
+    folder as its file name (exit 1), as it is when the system refuses a write later in the run.
+    """
 
     root = Path(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=root, prefix=".probe-"):
             pass
+    except (FileExistsError, NotADirectoryError):
+        raise InputError("out", f"{root} is not a folder (it or a folder above it is a file)",
+                         "choose a folder with --out") from None
     except OSError as err:
-        raise InputError("out", f"{root} is not a writable folder ({err.strerror or err})",
-                         "choose a folder you can write to with --out") from None
+        raise os_error_naming(err, str(root)) from err
     return root
 
 
-def run_name(request: Request, when: float | None = None) -> str:
+def run_stem(request: Request, when: float | None = None) -> str:
+    """The run folder's name before its run id: ``<time>-<mode>-<tier>-s<seed>``."""
+
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
-    return f"{stamp}-{request.mode}-{request.tier}-s{request.seed}-{uuid.uuid4().hex[:6]}"
+    return f"{stamp}-{request.mode}-{request.tier}-s{request.seed}"
 
 
 def is_complete(path: Path) -> bool:
@@ -83,6 +94,15 @@ def is_complete(path: Path) -> bool:
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 HASHED_FILES = ("request.yaml", "steps.jsonl", "video.mp4", "audio.wav", "poster.jpg")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+RUN_ID_HEX = 16  # 64 bits: an edit tried over and over until its digest matches a given name takes ~2**64 tries
+_RUN_ID = re.compile(rf"[0-9a-f]{{{RUN_ID_HEX}}}")
+RUN_ID_KEY = "run_id"
+RUN_ID_RULE = (f"the last part of this run folder's name: the first {RUN_ID_HEX} hex digits of this manifest.json's "
+               "sha256. The manifest holds every other file's sha256, so `magi2studio verify` names any edited file "
+               "without a re-run. An unkeyed digest: it shows edits, not a forger who also renames the folder")
+# Recorded, but not recomputable from the files: the hashes are of the arrays before encoding (lossy H.264, 16-bit WAV).
+REPLAY_ONLY_HASHES = ("frames_sha256", "pcm_sha256")
+TAMPERED_FIX = "re-run it (magi2studio generate --request request.yaml from a copy you trust)"
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -137,32 +157,71 @@ def manifest_request(manifest: dict[str, Any]) -> Request:
                          "use a manifest written by magi2studio") from None
 
 
-def verify_run(path: Path) -> RunFolder:
-    """Check a run folder without re-running it: its manifest's fields, every file's sha256, and
-    that the request in manifest.json is the one in request.yaml. Refuses a tampered folder by name."""
+@dataclass(frozen=True)
+class VerifiedRun(RunFolder):
+    """A run folder that passed ``verify_run``; ``manifest_covered``: its run id is its manifest's digest
+    (False: a folder made before run ids were, whose manifest nothing but a re-run can check)."""
 
+    manifest_covered: bool
+
+
+def run_id_of(path: Path) -> str:
+    """The run id a folder's manifest.json gives it: the first 16 hex digits of the file's sha256."""
+
+    return media.file_sha256(Path(path) / "manifest.json")[:RUN_ID_HEX]
+
+
+def check_run_id(path: Path) -> bool:
+    """Whether the folder's name ends in its manifest's digest; an edited manifest is refused by name.
+
+    False for a name whose last part is no run id of 16 hex digits (a folder made before run ids were
+    digests, or renamed): ``verify_run`` then tells those apart by the manifest's ``run_id`` key.
+    """
+
+    given, digest = path.name.rsplit("-", 1)[-1], run_id_of(path)
+    if given == digest:
+        return True
+    if _RUN_ID.fullmatch(given):
+        raise InputError("run", f"{path} was tampered with: manifest.json was edited after the run (its sha256 "
+                         f"starts {digest}, the run id in the folder's name is {given})", TAMPERED_FIX)
+    return False
+
+
+def verify_run(path: Path) -> VerifiedRun:
+    """Check a run folder without re-running it: manifest.json against the run id in the folder's name,
+    its fields, every other file's sha256, and that the request in manifest.json is the one in
+    request.yaml. Refuses a tampered folder by name. ``REPLAY_ONLY_HASHES`` only a re-run can check."""
+
+    path = Path(path)
+    if not is_complete(path):
+        raise InputError("run", f"{path} is not a complete run folder", "give a folder written by magi2studio")
+    covered = check_run_id(path)  # before the fields: an edited manifest is tampering, whatever it now says
     folder = load_run(path)
     manifest = folder.manifest
-    tampered = "re-run it (magi2studio generate --request request.yaml from a copy you trust)"
+    if not covered and RUN_ID_KEY in manifest:
+        raise InputError("run", f"{path} was renamed or tampered with: its manifest gives it the run id "
+                         f"{run_id_of(path)}, which its name does not end in",
+                         f"if you renamed it, give it back its name ending -{run_id_of(path)}; otherwise "
+                         + TAMPERED_FIX)
     for name in HASHED_FILES:
         recorded = manifest["files"].get(name)
         if not isinstance(recorded, str) or not _SHA256.fullmatch(recorded):
             raise InputError(f"manifest.files.{name}", "has no sha256", "use a manifest written by magi2studio")
         if media.file_sha256(folder.path / name) != recorded:
             raise InputError("run", f"{folder.path} was tampered with: {name} differs from the sha256 in its manifest",
-                             tampered)
+                             TAMPERED_FIX)
     request = manifest_request(manifest)
     if request.model_dump(mode="json") != manifest["request"]:
-        raise InputError("manifest.request", "is not in the normal form magi2studio writes", tampered)
+        raise InputError("manifest.request", "is not in the normal form magi2studio writes", TAMPERED_FIX)
     written = Request.from_yaml((folder.path / "request.yaml").read_text(encoding="utf-8"), source="request.yaml")
     if written.model_dump(mode="json") != manifest["request"]:
         raise InputError("run", f"{folder.path} was tampered with: manifest.json's request differs from request.yaml",
-                         tampered)
+                         TAMPERED_FIX)
     parse_layout(manifest["layout"]["name"])
     if manifest["engine"]["name"] not in ENGINE_NAMES:
         raise InputError("manifest.engine.name", f"{manifest['engine']['name']!r} is not an engine",
                          f"use one of {', '.join(ENGINE_NAMES)}")
-    return folder
+    return VerifiedRun(folder.path, manifest, covered)
 
 
 def timing_summary(generation: Generation) -> dict[str, Any]:
@@ -203,35 +262,53 @@ def build_manifest(plan: Plan, generation: Generation, started: float,
         "cpu_capability": determinism.cpu_capability(),
         "versions": provenance.package_versions(),
         "build_info": provenance.build_info(),
+        RUN_ID_KEY: RUN_ID_RULE,
         **(extra or {}),
     }
 
 
+@contextmanager
+def _naming_the_file(name: str, root: Path) -> Iterator[None]:
+    """A refused write names the run folder's file: Python's and the wave module's writes name none,
+    PyAV's the hidden temp folder, which is gone by the time the user reads it."""
+
+    try:
+        yield
+    except OSError as err:
+        raise os_error_naming(err, f"{name} of the run folder being written in {root}") from err
+
+
 def write_run(root: Path, plan: Plan, generation: Generation, started: float,
               extra: dict[str, Any] | None = None) -> RunFolder:
-    """Write every file into a temp folder, then rename it into place."""
+    """Write every file into a temp folder, then rename it into place under its run id."""
 
     request = plan.request
     root = check_outputs_root(root)
-    final = root / run_name(request, started)
-    temp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    stem = run_stem(request, started)
+    temp = Path(tempfile.mkdtemp(prefix=f".{stem}.", dir=root))
     try:
         manifest = build_manifest(plan, generation, started, extra)
-        (temp / "request.yaml").write_text(request.to_yaml(), encoding="utf-8")
-        with open(temp / "steps.jsonl", "w", encoding="utf-8") as file:
-            for record in generation.step_records:
-                file.write(json.dumps(record, sort_keys=True) + "\n")
+        mp4_metadata = {"comment": json.dumps({"magi2studio_request": manifest["request"],
+                                               "engine": generation.engine_info.get("name")})}
+        writers: dict[str, Callable[[Path], None]] = {
+            "request.yaml": lambda path: path.write_text(request.to_yaml(), encoding="utf-8"),
+            "steps.jsonl": lambda path: path.write_text(
+                "".join(json.dumps(record, sort_keys=True) + "\n" for record in generation.step_records),
+                encoding="utf-8"),
+            "video.mp4": lambda path: media.write_mp4(path, generation.frames, generation.audio, generation.fps,
+                                                      generation.sample_rate, mp4_metadata),
+            "audio.wav": lambda path: media.write_wav(path, generation.audio, generation.sample_rate),
+            "poster.jpg": lambda path: media.write_poster(path, generation.frames),
+        }
         t0 = time.perf_counter()
-        media.write_mp4(
-            temp / "video.mp4", generation.frames, generation.audio, generation.fps, generation.sample_rate,
-            {"comment": json.dumps({"magi2studio_request": manifest["request"],
-                                    "engine": generation.engine_info.get("name")})},
-        )
-        media.write_wav(temp / "audio.wav", generation.audio, generation.sample_rate)
-        media.write_poster(temp / "poster.jpg", generation.frames)
+        for name, write in writers.items():
+            with _naming_the_file(name, root):
+                write(temp / name)
         manifest["timing"]["stage_ms"]["mux"] = (time.perf_counter() - t0) * 1e3
         manifest["files"] = {name: media.file_sha256(temp / name) for name in HASHED_FILES}
-        (temp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False), encoding="utf-8")
+        with _naming_the_file("manifest.json", root):
+            (temp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False), encoding="utf-8")
+        final = root / f"{stem}-{run_id_of(temp)}"
         os.chmod(temp, 0o755)
         os.rename(temp, final)
     except BaseException:

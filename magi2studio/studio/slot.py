@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from ..run_folder import runs
 from ..engines.base import Engine, Plan, Progress
 from ..errors import InputError
 from ..jobs.eta import RunHistory
-from ..jobs.jobqueue import JobQueue, JobRecord, QueueState
+from ..jobs.jobqueue import JobQueue, JobRecord, QueueState, queue_full
 from ..jobs.runner import RunnerLock, execute_job, plan_record
 from ..jobs.stage_clock import StageClock
 from ..vocabulary.layouts import Layout
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 TERMINAL = ("done", "refused", "cancelled", "failed")
 SYNC_S = 0.5  # how often the worker looks for changes other processes made to the queue file
 TICK_S = 0.5  # how often a follower of a running job is sent a tick (the page's timer)
+# How often a follower of a waiting job is sent its place again, also when it did not change: each
+# update hands control back to Gradio, which then sees a client that has gone and closes the handler.
+KEEPALIVE_S = 2.0
+FOLLOWERS_GONE_S = 10.0  # at shutdown, how long the followers get to take their last update
 
 
 @dataclass
@@ -105,6 +110,7 @@ class EngineSlot:
         self._running: Job | None = None
         self._state = "loading" if preload is not None else "idle"
         self._closed = False
+        self._followers = 0  # handlers following a job now (see following())
         self._thread = threading.Thread(target=self._serve, args=(preload,), name="engine-slot", daemon=True)
         self._thread.start()
         self._watcher = threading.Thread(target=self._watch, name="engine-slot-queue-file", daemon=True)
@@ -146,6 +152,17 @@ class EngineSlot:
         return f"{self._state} · {where} · {waiting} waiting"
 
     # -- submitting, following, cancelling ------------------------------------------------
+    def check_room(self) -> None:
+        """Refuse at once when the queue is full or the studio is closing: before any planning or file
+        work, so a crowd of clients past the bound is answered fast. ``submit`` checks again under the lock."""
+        with self._cond:
+            if self._closed:
+                raise InputError("queue", "the studio is shutting down", "try again after it restarts")
+            state = self._snapshot
+        waiting = len(state.waiting())
+        if waiting >= state.max_waiting:
+            raise queue_full(waiting, state.max_waiting)
+
     def submit(self, plan: Plan, owner: str, source: str = "studio") -> Job:
         """Queue a plan (``engine.plan`` checked it), or refuse when the queue is full or closing."""
         with self._cond:
@@ -182,38 +199,65 @@ class EngineSlot:
             self._refresh()
         return record
 
+    def client_gone(self, job: Job) -> None:
+        """The API client following ``job`` disconnected: nobody will take its result, so the job is
+        cancelled (a waiting one never runs, a running one stops at its next step boundary). Not
+        while the studio shuts down: then the job is marked as the shutdown says."""
+        if self._closed:
+            return
+        if self.cancel_job(job.id):
+            log.info("job %d: its API client disconnected; cancelled", job.ticket)
+
+    @contextmanager
+    def following(self) -> Iterator[None]:
+        """Around a handler's ``follow`` loop: shutdown waits until every follower has taken its last update."""
+        with self._cond:
+            self._followers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._followers -= 1
+                self._cond.notify_all()
+
     def follow(self, job: Job, poll_s: float = 0.25) -> Iterator[Update]:
-        """Yield the job's position while it waits, its progress and ticks while it runs, then its terminal update."""
-        last_position, last_tick = None, time.monotonic()
+        """Yield the job's position while it waits (again every ``KEEPALIVE_S``), its progress and ticks
+        while it runs, then its terminal update."""
+        last_position, last_yield = None, time.monotonic()
         while True:
             try:
                 update = job.events.get(timeout=poll_s)
             except queue.Empty:
+                now = time.monotonic()
                 position = self.position(job)
-                if position and position != last_position:
-                    last_position = position
+                if position and (position != last_position or now - last_yield >= KEEPALIVE_S):
+                    last_position, last_yield = position, now
                     yield Update("queued", position=position)
-                elif job.clock is not None and time.monotonic() - last_tick >= TICK_S:
-                    last_tick = time.monotonic()
+                elif job.clock is not None and now - last_yield >= TICK_S:
+                    last_yield = now
                     yield Update("tick")
                 continue
+            last_yield = time.monotonic()
             yield update
             if update.kind in TERMINAL:
                 return
 
     def close(self) -> None:
-        """Refuse new jobs, stop the running one (its temp folder is removed), wait; waiting jobs stay queued."""
+        """Refuse new jobs, stop the running one at a step boundary (marked interrupted, its temp folder
+        removed), tell every follower, and wait until they have taken that last update; waiting jobs stay queued."""
         with self._cond:
             self._closed = True
             if self._running is not None:
                 self._running.cancel.set()
             for job in self._jobs.values():
                 if job is not self._running:
-                    job.events.put(Update("cancelled", message="the studio shut down; the job stays in the queue "
-                                                               "and runs when the studio starts again"))
+                    job.events.put(Update("cancelled", message=f"studio: shutting down; job #{job.ticket} stays in "
+                                                               "the queue and runs when the studio starts again"))
             self._cond.notify_all()
         self._thread.join(timeout=30)
         self._watcher.join(timeout=5)
+        with self._cond:
+            self._cond.wait_for(lambda: self._followers == 0, timeout=FOLLOWERS_GONE_S)
         self._runner.release()
 
     # -- the worker ----------------------------------------------------------------------
@@ -311,10 +355,12 @@ class EngineSlot:
 
         outcome = execute_job(self.engine, job.plan, self.outputs_root, record, on_progress=on_progress,
                               cancel=job.cancel)
-        state = outcome.state
+        state, message = outcome.state, outcome.message
         if state == "cancelled" and self._closed:
             state = "interrupted"
-        self._finish(record, job, state, outcome.message, outcome)
+            message = (f"studio: shutting down; job #{record.ticket} stopped at a step boundary and is marked "
+                       "interrupted, no run folder was kept. Fix: run it again once the studio is back")
+        self._finish(record, job, state, message, outcome)
 
     def _finish(self, record: JobRecord, job: Job | None, state: str, message: str, outcome=None) -> None:
         run = outcome.run if outcome is not None else None

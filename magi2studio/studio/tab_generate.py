@@ -229,9 +229,11 @@ def build(ctx: StudioContext) -> None:
     def generate_run(form_values: dict[str, Any], request: gr.Request):
         """Validate, queue, follow: position while waiting, progress while running, then results."""
         cleared = {box: _error_line("") for box in error_boxes}
+        source = panel.source(request)
         try:
+            ctx.slot.check_room()  # a full queue refuses before any planning: fast, also for a crowd
             plan = F.plan_from_form(form_values, caps, ctx.engine, ctx.uploads)
-            job = ctx.slot.submit(plan, panel.owner(request), source=panel.source(request))
+            job = ctx.slot.submit(plan, panel.owner(request), source=source)
         except InputError as err:
             yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"✗ {err}"),
                    progress: _progress_html("refused: the marked field says why and how to fix it")}
@@ -239,6 +241,18 @@ def build(ctx: StudioContext) -> None:
             raise gr.Error(str(err), visible=False, print_exception=False) from None
         yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
                                                    f"/cancel_job with this id stops it)")}
+        with ctx.slot.following():
+            try:
+                yield from job_outputs(job)
+            except GeneratorExit:
+                # Gradio closes this handler when its client's stream has gone. A page's job stays (its
+                # browser finds it again after a reload); an API client's job would run for nobody.
+                if source == "api":
+                    ctx.slot.client_gone(job)
+                raise
+
+    def job_outputs(job):
+        """The form's outputs for each of the job's updates, until its terminal one (raised as gr.Error unless done)."""
         started = time.monotonic()
         for update in ctx.slot.follow(job):
             if update.kind == "queued":
@@ -269,9 +283,17 @@ def build(ctx: StudioContext) -> None:
             return _progress_html("cancelling: the run stops at the next step boundary")
         return _progress_html("nothing of yours is running or waiting")
 
-    def cancel_job(job_id: str) -> str:
-        """Cancel by job id (shown when the run is queued): for HTTP clients, whose calls have no shared session."""
-        if ctx.slot.cancel_job(job_id if isinstance(job_id, str) else ""):
+    def cancel_job(job_id: str, request: gr.Request) -> str:
+        """Cancel one of the caller's jobs by id (shown when it is queued): a client that submits from several
+        sessions (raw HTTP calls) cancels from the one that queued it (the same ``session_hash``)."""
+        try:
+            record = ctx.slot.snapshot().find(job_id if isinstance(job_id, str) else "")
+        except InputError:
+            record = None
+        if record is not None and not panel.owns(record, request):
+            return (f"job_id: {str(job_id)[:40]!r} was queued by another client. Fix: cancel from the session that "
+                    "queued it (the same gradio_client Client, or the same session_hash in raw /call requests)")
+        if record is not None and ctx.slot.cancel_job(record.id):
             return "cancelling: the run stops at the next step boundary"
         return f"job_id: {str(job_id)[:40]!r} is not a waiting or running job. Fix: use the id from the queued line"
 

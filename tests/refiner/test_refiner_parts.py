@@ -43,14 +43,17 @@ def test_the_schedule_starts_at_the_noise_value_on_the_shifted_curve(steps):
 
 @pytest.fixture(scope="module")
 def components():
-    """A started in-process embedded engine's components (it owns the world-1 parallel groups)."""
+    """The embedded engine's components loaded in this process as its rank loads them, on world-1 groups."""
 
+    from magi2studio.engines.embedded import upstream_patches
+    from magi2studio.engines.embedded.components import load_components
     from magi2studio.engines.embedded.engine import EmbeddedEngine
 
-    engine = EmbeddedEngine()
-    engine.start(Layout(1, 1))
-    yield engine._pool.components
-    engine.close()
+    upstream_patches.init_world_of_one()
+    try:
+        yield load_components(EmbeddedEngine().checkpoint())
+    finally:
+        upstream_patches.destroy_parallel()
 
 
 def test_the_refiner_dit_is_dense_gqa_with_multimodal_ends_and_windowed_layers(components):

@@ -9,6 +9,7 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
+from magi2studio.run_folder.runs import is_complete, run_id_of
 from magi2studio.reproduction.samples import BUNDLED_DIR
 from magi2studio.studio.tab_reproduce import BUNDLED_CHOICE, UPLOAD_CHOICE
 
@@ -53,7 +54,7 @@ def test_an_uploaded_set_runs_through_the_slot_then_resumes(studio, tmp_path):
     assert status.startswith("**done**") and "ran 1" in status
     assert table["data"][0][:3] == ["clay", "ran", "t2va"]
     assert len(posters) == 1 and "embedded engine" in notes
-    run_folders = [p for p in outputs.iterdir() if p.is_dir() and p.name.endswith("-t2va-272p-s42-" + p.name[-6:])]
+    run_folders = [p for p in outputs.iterdir() if is_complete(p) and p.name.endswith("-t2va-272p-s42-" + run_id_of(p))]
     assert len(run_folders) == 1  # the run went to the studio's outputs like any other run
     status, table, _, _ = client.predict(*reproduce_args(UPLOAD_CHOICE, files), api_name="/reproduce")
     assert table["data"][0][1] == "resumed" and "resumed 1" in status

@@ -9,9 +9,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "magi2studio" / "data" / "sandai
 
 @pytest.fixture(scope="package")
 def engine():
-    """One started in-process engine for this folder's tests, closed after them, so that the
-    process's torch.distributed world does not outlive them (upstream's topology checks in other
-    folders read it)."""
+    """One started engine (a pool of one rank) for this folder's tests, closed after them."""
     from magi2studio.engines import get_engine
     from magi2studio.vocabulary.layouts import parse_layout
 

@@ -19,14 +19,14 @@ def setup(tmp_path_factory):
 
     config = trainer.trained_config()
     base = ensure_checkpoint(config, tmp_path_factory.mktemp("base"))
-    upstream_patches.hold_world_of_one()  # shared with an in-process engine another test may hold
+    upstream_patches.init_world_of_one()
     try:
         components = load_components(base)
         components.image_encoder.load_state_dict(codes.image_encoder_state(config.spatial_stride))
         settings = trainer.TrainSettings(scenes=3, decoder_steps=3, dit_steps=1, batch=2)
         yield config, base, components, trainer.make_examples(config, settings), settings
     finally:
-        upstream_patches.let_go_of_world_of_one()
+        upstream_patches.destroy_parallel()
 
 
 def test_the_training_decode_is_upstreams_decode(setup):

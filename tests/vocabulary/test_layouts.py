@@ -10,6 +10,7 @@ import pytest
 
 from magi2studio import media
 from magi2studio.run_folder import runs
+from magi2studio.engines.base import DEFAULT_STEP_TIMEOUT_S
 from magi2studio.engines.embedded.engine import EmbeddedEngine
 from magi2studio.engines.embedded.rank import FAULT_ENV
 from magi2studio.errors import Cancelled, EngineError
@@ -155,19 +156,39 @@ def test_a_stopped_rank_trips_the_step_watchdog_and_the_next_run_gets_fresh_rank
         engine.start(layout)
         pids = engine._pool.pids
 
-        def stop_rank_1(event):
-            if event.step == 0:
-                os.kill(pids[1], signal.SIGSTOP)
+        stopped_at = []
 
-        started = time.monotonic()
-        with pytest.raises(EngineError, match=r"made no progress for .* s while running.*step watchdog"):
+        def stop_rank_1(event):  # at the first stage event: no step time before the stop to outlast
+            if not stopped_at:
+                os.kill(pids[1], signal.SIGSTOP)
+                stopped_at.append(time.monotonic())
+
+        with pytest.raises(EngineError, match=r"^rank 1 of layout sp2-cfg1 made no progress for .* s while running"
+                                              r".*: stopped \(state T\), rank 0 waiting on it;.*step watchdog"):
             runs.execute(engine, request, layout, tmp_path, on_progress=stop_rank_1)
-        assert time.monotonic() - started < WATCHDOG_S + 30
+        assert time.monotonic() - stopped_at[0] < WATCHDOG_S + 30
         for pid in pids:
             assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
         assert not [p for p in tmp_path.iterdir() if not p.name.startswith(".probe")]
+        engine.rank_timeout_s = DEFAULT_STEP_TIMEOUT_S  # the next pool's: a loaded machine's steps may be slow
         assert engine.start(layout) is True
         assert runs.is_complete(runs.execute(engine, request, layout, tmp_path).path)
+    finally:
+        engine.close()
+
+
+def test_the_start_limit_names_itself_and_the_ranks_not_ready(monkeypatch):
+    """It fired at the start limit and said "no progress for 600 s" (the step watchdog's)."""
+
+    from magi2studio.engines.embedded import pool
+
+    monkeypatch.setattr(pool, "STARTUP_TIMEOUT_S", 0.5)  # the ranks take seconds to import torch
+    engine = EmbeddedEngine(rank_timeout_s=600)
+    try:
+        with pytest.raises(EngineError, match=r"^ranks 0, 1 of layout sp2-cfg1 did not start within the 0.5 s "
+                                              r"start limit; the ranks were killed$"):
+            engine.start(parse_layout("sp2-cfg1"))
+        assert engine._pool is None
     finally:
         engine.close()
 

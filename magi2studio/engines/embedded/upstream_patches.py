@@ -105,29 +105,12 @@ def init_parallel(*, world_size: int, rank: int, port: int, ulysses_degree: int,
         raise
 
 
-_world_of_one_holders = 0  # in-process engines and trainers sharing this process's world-1 groups
+def init_world_of_one() -> None:
+    """Upstream's world-1 groups for model code run in this process (the trainer, tests of the
+    components); :func:`destroy_parallel` releases them. Engines never hold them here: every
+    layout's ranks, world 1 included, are processes of their own (``pool.RankPool``)."""
 
-
-def hold_world_of_one() -> None:
-    """Upstream's world-1 groups for model code run in this process (the in-process engine, the trainer).
-
-    torch.distributed has one default group a process, so they share it: the first holder makes it,
-    the last one to let go releases it.
-    """
-
-    global _world_of_one_holders
-    if _world_of_one_holders == 0:
-        init_parallel(world_size=1, rank=0, port=free_port(), ulysses_degree=1, cfg_parallel_size=1)
-    _world_of_one_holders += 1
-
-
-def let_go_of_world_of_one() -> None:
-    global _world_of_one_holders
-    if _world_of_one_holders == 0:
-        return
-    _world_of_one_holders -= 1
-    if _world_of_one_holders == 0:
-        destroy_parallel()
+    init_parallel(world_size=1, rank=0, port=free_port(), ulysses_degree=1, cfg_parallel_size=1)
 
 
 def destroy_parallel() -> None:
