@@ -59,6 +59,7 @@ class JobResult:
     stage_ms: dict[str, float]
     negative_prompt_source: str
     step_records: list[dict]
+    latents_sha256: str | None = None
 
 
 # -- what a rank tells its parent ----------------------------------------------------------------
@@ -265,7 +266,8 @@ class InProcessPool:
 
         out, records = run_job(self.driver, job, rank=0, world_size=1, on_step=on_step,
                                on_stage=lambda name: on_event(StageStarted(0, name)))
-        return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records)
+        return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records,
+                         out.latents_sha256)
 
     def close(self) -> None:
         if self.alive:
