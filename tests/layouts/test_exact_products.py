@@ -14,19 +14,19 @@ from magi2studio.engines.embedded.exact_products import LayoutInvariantProducts,
 # The DiT's product shapes (K, N) at the tiny config: projections, MoE experts, the mHC
 # [tokens, 4C] x [4C, 24] projection, the adapters.
 SHAPES = ((256, 768), (64, 64), (1024, 24), (48, 1024), (640, 256), (256, 8))
-ROW_COUNTS = (1, 2, 3, 8, 33, 90, 291, 597)  # odd and even, below and above any tile or panel
-SHIFTS = (0, 1, 3, 7)  # the rows' place: other rows before them
+ROW_COUNTS = (1, 2, 3, 8, 33, 291)  # odd and even, below and above any tile or panel
+SHIFTS = (0, 3)  # the rows' place: other rows before them
 
 
 def row_differences() -> list[str]:
-    """Every (product, shape, row count, shift) whose rows differ from the same rows in a 700-row product."""
+    """Every (product, shape, row count, shift) whose rows differ from the same rows in a 300-row product."""
 
     torch.manual_seed(0)
     found = []
     with LayoutInvariantProducts():
         for k, n in SHAPES:
             w = torch.randn(n, k)
-            x = torch.randn(700, k) * torch.rand(700, 1) * 10
+            x = torch.randn(300, k) * torch.rand(300, 1) * 10
             products = {"linear": lambda rows, w=w: F.linear(rows, w), "@": lambda rows, w=w: rows @ w.t()}
             for name, product in products.items():
                 full = product(x)
@@ -35,12 +35,12 @@ def row_differences() -> list[str]:
                         rows = torch.cat((torch.randn(shift, k), x[:m]))
                         if not torch.equal(product(rows)[shift:], full[:m]):
                             found.append(f"{name} K={k} N={n} m={m} shift={shift}")
-        tokens, gate = torch.randn(700, 4, 64), torch.randn(4, 8, 64)
+        tokens, gate = torch.randn(300, 4, 64), torch.randn(4, 8, 64)
         full = torch.einsum("shd,hed->hse", tokens, gate)  # the MoE router: tokens are the free rows
         for m in ROW_COUNTS:
             if not torch.equal(torch.einsum("shd,hed->hse", tokens[:m], gate), full[:, :m]):
                 found.append(f"einsum shd,hed->hse m={m}")
-        coefficients, streams = torch.randn(700, 4), torch.randn(700, 4, 256)
+        coefficients, streams = torch.randn(300, 4), torch.randn(300, 4, 256)
         full = torch.einsum("tn,tnc->tc", coefficients, streams)  # mHC pre-application: tokens are the batch
         for m in ROW_COUNTS:
             if not torch.equal(torch.einsum("tn,tnc->tc", coefficients[:m], streams[:m]), full[:m]):
@@ -52,6 +52,7 @@ def test_rows_do_not_depend_on_the_row_count_or_their_place():
     assert row_differences() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isa", [
     {},
     {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
