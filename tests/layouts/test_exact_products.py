@@ -86,3 +86,19 @@ def test_slices_are_exact_in_fp64():
     for k in (1, 2, 64, 1000, 1024, 1025, 1 << 16):
         beta = slice_bits(k)
         assert 2 * beta + (k - 1).bit_length() <= 53 and beta >= 12, (k, beta)
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("ij,kl->ik", ((3, 4), (5, 6))),  # a letter summed in one operand only: not a paired contraction
+    ("k,bkc...->bc...", ((3,), (2, 3, 5, 4))),  # the scheduler's, with an ellipsis
+    ("tn,tnc->tc", ((7, 4), (7, 4, 9))),  # short paired contraction
+    ("qhd,khd->hqk", ((5, 2, 32), (6, 2, 32))),
+])
+def test_einsum_is_the_einsum_to_fp32_rounding(equation, shapes):
+    torch.manual_seed(2)
+    a, b = (torch.randn(*shape) for shape in shapes)
+    exact = torch.einsum(equation, a.double(), b.double())
+    with LayoutInvariantProducts():
+        got = torch.einsum(equation, a, b)
+    assert got.dtype == torch.float32 and got.shape == exact.shape
+    assert torch.allclose(got.double(), exact, rtol=2**-22, atol=2**-22 * exact.abs().max().item())

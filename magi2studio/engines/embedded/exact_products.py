@@ -63,17 +63,18 @@ def split(tensor: torch.Tensor, dims: tuple[int, ...], beta: int) -> tuple[torch
 
 
 def exact_product(product, a: torch.Tensor, b: torch.Tensor, a_dims: tuple[int, ...], b_dims: tuple[int, ...],
-                  contraction: int) -> torch.Tensor:
+                  contraction: int, paired: bool = True) -> torch.Tensor:
     """``product(a, b)`` from exact fp64 slice products, rounded once to fp32.
 
-    A short contraction (one summed dimension of at most :data:`SHORT_CONTRACTION`) is summed
+    A short contraction (one summed dimension, ``paired``: the same index in both operands, of
+    at most :data:`SHORT_CONTRACTION`) is summed
     instead as exact fp64 products of one term each, added in index order: cheaper, as exact
     an order, and the mHC's per-token 4-stream contractions are all of that kind.
     """
 
     if not a_dims and not b_dims:  # nothing summed: fp64 holds an fp32 x fp32 product exactly
         return product(a.double(), b.double()).float()
-    if len(a_dims) == len(b_dims) == 1 and contraction <= SHORT_CONTRACTION:
+    if paired and len(a_dims) == len(b_dims) == 1 and contraction <= SHORT_CONTRACTION:
         total = None
         for index in range(contraction):
             term = product(a.double().narrow(a_dims[0], index, 1), b.double().narrow(b_dims[0], index, 1))
@@ -110,7 +111,8 @@ def _einsum_sides(equation: str, a: torch.Tensor, b: torch.Tensor):
     a_dims = tuple(i for i, letter in enumerate(left) if letter in summed)
     b_dims = tuple(i for i, letter in enumerate(right) if letter in summed)
     sizes = {**dict(zip(right, b.shape)), **dict(zip(left, a.shape))}
-    return a_dims, b_dims, math.prod(sizes[letter] for letter in summed)
+    paired = all(letter in left and letter in right for letter in summed)
+    return a_dims, b_dims, math.prod(sizes[letter] for letter in summed), paired
 
 
 class LayoutInvariantProducts(TorchFunctionMode):
@@ -132,9 +134,9 @@ class LayoutInvariantProducts(TorchFunctionMode):
             elif func is torch.einsum and len(args) == 3 and isinstance(args[0], str) and not kwargs:
                 equation, a, b = args
                 if _all_fp32(a, b):
-                    a_dims, b_dims, contraction = _einsum_sides(equation, a, b)
+                    a_dims, b_dims, contraction, paired = _einsum_sides(equation, a, b)
                     return exact_product(lambda p, q: torch.einsum(equation, p, q), a, b, a_dims, b_dims,
-                                         contraction)
+                                         contraction, paired)
         return func(*args, **kwargs)
 
 
