@@ -27,6 +27,19 @@ def pcm_sha256(audio: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(audio, dtype=np.float32).tobytes()).hexdigest()
 
 
+def latents_sha256(video: np.ndarray, audio: np.ndarray) -> str:
+    """sha256 of the final latents as float32, video [1, C, T, H, W] then audio [1, T, C], C order.
+
+    They are what the sampler made, before decoding rounds them to uint8 frames and resampled
+    PCM, so they show a difference in the last bit that the frames may hide.
+    """
+
+    digest = hashlib.sha256()
+    for array in (video, audio):
+        digest.update(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+    return digest.hexdigest()
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as file:

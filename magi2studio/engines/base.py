@@ -84,6 +84,7 @@ class Generation:
     stage_ms: dict[str, float]
     resolved: dict[str, Any]  # the plan's resolved settings, with what only the run knows
     engine_info: dict[str, Any]  # name, embedded or not, components, configs, kernels
+    latents_sha256: str | None = None  # media.latents_sha256, where the engine can read its latents
 
 
 ProgressCallback = Callable[[Progress], None]

@@ -255,6 +255,7 @@ def build_manifest(plan: Plan, generation: Generation, started: float,
         "hashes": {
             "frames_sha256": media.frames_sha256(generation.frames),
             "pcm_sha256": media.pcm_sha256(generation.audio),
+            **({"latents_sha256": generation.latents_sha256} if generation.latents_sha256 else {}),
             "what_hashes_prove": determinism.WHAT_HASHES_PROVE,
         },
         "timing": timing_summary(generation),

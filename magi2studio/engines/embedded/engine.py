@@ -202,6 +202,7 @@ class EmbeddedEngine(Engine):
             stage_ms=result.stage_ms,
             resolved=_as_run(plan, result.negative_prompt_source),
             engine_info={**self.info(), **pool.run_info()},
+            latents_sha256=result.latents_sha256,
         )
 
     def info(self) -> dict:
@@ -227,4 +228,5 @@ def _as_run(plan: Plan, negative_prompt_source: str) -> dict:
     settings = dict(plan.resolved)
     deterministic = settings.pop("deterministic")
     return {**settings, "negative_prompt": negative_prompt_source, "deterministic": deterministic,
-            "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None}}
+            "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None},
+            **({"layout_invariant_products": determinism.LAYOUT_INVARIANT_PRODUCTS} if deterministic else {})}

@@ -222,7 +222,8 @@ class RankPool:
             raise Cancelled(cancelled[min(cancelled)])
         records = [record for rank in sorted(done) for record in done[rank].step_records]
         out = done[0].output
-        return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records)
+        return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records,
+                         out.latents_sha256)
 
     def close(self, grace_s: float = 5.0) -> None:
         """Stop every rank: ask, then terminate, then kill; leave no process behind."""

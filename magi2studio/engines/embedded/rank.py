@@ -57,6 +57,7 @@ class JobResult:
     stage_ms: dict[str, float]
     negative_prompt_source: str
     step_records: list[dict]
+    latents_sha256: str | None = None
 
 
 # -- what a rank tells its parent ----------------------------------------------------------------
