@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +110,46 @@ def _server_path(value: Any) -> str | None:
         if isinstance(path, str) and not is_http_url_like(path) and not is_in_or_equal(path, get_upload_folder()):
             return path
     return None
+
+
+def sweep_cache(folder: Path, max_age_s: float, now: float | None = None) -> int:
+    """Delete the files in Gradio's cache ``folder`` made more than ``max_age_s`` ago, then the folders left empty;
+    returns how many files went. Age is the file's ctime: Gradio copies with ``copy2``, which keeps the run's own
+    (older) mtime. A file shown again later is copied back by :func:`cached` and Gradio, which check it exists."""
+    now = time.time() if now is None else now
+    removed = 0
+    for parent, dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            path = os.path.join(parent, name)
+            try:
+                if now - os.lstat(path).st_ctime > max_age_s:
+                    os.remove(path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        if parent != str(folder):
+            try:
+                os.rmdir(parent)  # only when empty
+            except OSError:
+                pass
+    return removed
+
+
+class CacheSweeper:
+    """Sweeps the studio's own Gradio cache every ``every_s`` (a daemon thread): without it the cache grew by each
+    run shown for as long as the studio ran (376 MB after one audit). Gradio's ``delete_cache`` only knows the
+    files its components track, not the copies :func:`cached` makes."""
+
+    def __init__(self, folder: Path, max_age_s: float, every_s: float) -> None:
+        self.folder, self.max_age_s, self.every_s = Path(folder), max_age_s, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gradio-cache-sweep", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            sweep_cache(self.folder, self.max_age_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
