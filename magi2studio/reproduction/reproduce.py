@@ -21,13 +21,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import Cancelled
+from ..errors import Cancelled, InputError
 from ..vocabulary.layouts import Layout
 from ..engines.base import ProgressCallback
 from .references import (DIFFERS, IDENTICAL, NOT_IN_REFERENCE, condition_differences, hash_verdict,
                          run_conditions, timing_checks)
 from .reproduce_report import write_reports
-from ..run_folder.runs import RunFolder, check_outputs_root, execute, is_complete
+from ..run_folder.runs import RunFolder, check_outputs_root, execute, is_complete, verify_run
 from .samples import Sample, SampleSet
 
 REPORT_FORMAT = "magi2studio-reproduce-report/1"
@@ -101,7 +101,8 @@ def manifest_key(manifest: dict[str, Any]) -> str | None:
 
 
 def find_complete_run(runs_root: Path, key: str) -> Path | None:
-    """A complete run folder of exactly this request, layout and engine, whoever wrote it."""
+    """A complete run folder of exactly this request, layout and engine, whoever wrote it, that verifies
+    (run id, fields, file hashes): an edited or damaged folder is run again, not resumed as the result."""
 
     if not runs_root.is_dir():
         return None
@@ -112,8 +113,13 @@ def find_complete_run(runs_root: Path, key: str) -> Path | None:
             manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if manifest_key(manifest) == key:
-            return folder
+        if manifest_key(manifest) != key:
+            continue
+        try:
+            verify_run(folder)
+        except (InputError, OSError):
+            continue
+        return folder
     return None
 
 

@@ -105,3 +105,31 @@ def test_the_resume_key_is_the_request_by_content(tmp_path):
     assert run_key(base.model_dump(mode="json"), "sp1-cfg1", "embedded") != key  # same path, other picture
     image.unlink()
     assert run_key(base.model_dump(mode="json"), "sp1-cfg1", "embedded") is None
+
+
+def test_resume_takes_a_run_folder_only_while_it_verifies(tmp_path):
+    """An edited manifest (or a changed file) is run again, not resumed as the sample's result."""
+    import time
+
+    import numpy as np
+
+    from magi2studio.engines.base import Generation, Plan
+    from magi2studio.reproduction.reproduce import find_complete_run, manifest_key
+    from magi2studio.run_folder import runs
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.tiers import get_tier
+
+    request = build_request(prompt="a red circle on grey", steps=1)
+    generation = Generation(frames=np.full((8, 64, 64, 3), 90, dtype=np.uint8),
+                            audio=np.zeros((4410, 2), dtype=np.float32), fps=24.0, sample_rate=44100,
+                            step_records=[], stage_ms={}, resolved={"steps": 1}, engine_info={"name": "embedded"})
+    plan = Plan(request, get_tier(request.tier), parse_layout("sp1-cfg1"), generation.resolved)
+    folder = runs.write_run(tmp_path, plan, generation, time.time()).path
+    manifest_file = folder / "manifest.json"
+    key = manifest_key(json.loads(manifest_file.read_text()))
+    assert find_complete_run(tmp_path, key) == folder
+    manifest = json.loads(manifest_file.read_text())
+    manifest["hashes"]["frames_sha256"] = "0" * 64
+    manifest_file.write_text(json.dumps(manifest, indent=1))
+    assert manifest_key(manifest) == key
+    assert find_complete_run(tmp_path, key) is None
