@@ -1,6 +1,6 @@
 """Writes /etc/magi2studio/build-info.json at image build time (run by image/Dockerfile).
 
-Records what ``magi2studio.provenance.build_info()`` hands to the run manifest and
+Records what ``magi2studio.run_folder.provenance.build_info()`` hands to the run manifest and
 ``doctor``: git revision, the lock's sha256, the resolved base image, ``pip freeze`` and the
 build date. Values the build was not given stay null with the reason, never guessed.
 """

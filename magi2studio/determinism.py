@@ -33,6 +33,15 @@ DETERMINISTIC_ENV: dict[str, str] = {
     "ATEN_CPU_CAPABILITY": "default",
 }
 
+# What the embedded engine does on top of the environment while sampling, recorded in its runs'
+# manifests (resolved.layout_invariant_products) when deterministic is on.
+LAYOUT_INVARIANT_PRODUCTS = (
+    "fp32 matrix products (F.linear, @, mm, bmm, einsum) computed as exact fp64 slice products "
+    "(magi2studio/engines/embedded/exact_products.py): a row's result does not depend on the row "
+    "count, the BLAS kernel, the thread count or the CPU's instruction set, so every layout gives "
+    "one process's latents"
+)
+
 WHAT_HASHES_PROVE = (
     "With these settings, identical output hashes prove identical outputs. Differing hashes do "
     "not prove that the numerics changed: whether a GEMM is padded (pad_mm) is still decided by "

@@ -11,12 +11,13 @@ import shutil
 import subprocess
 from typing import Any
 
-from . import determinism, provenance
+from . import determinism
+from .run_folder import provenance
 from .engines import ENGINE_NAMES
 from .errors import InputError
-from .layouts import PRESETS
+from .vocabulary.layouts import PRESETS
 from .platform import current_platform
-from .tiers import TIERS, get_tier
+from .vocabulary.tiers import TIERS
 
 
 def mux_tools() -> dict[str, Any]:
@@ -58,7 +59,7 @@ def engine_capabilities(platform: str) -> dict[str, Any]:
         layouts: dict[str, str | None] = {}
         for preset, (layout, _) in PRESETS.items():
             try:
-                engine.check_layout(layout, get_tier("272p"))
+                engine.check_layout(layout, TIERS["272p"])
                 layouts[preset] = None
             except InputError as err:
                 layouts[preset] = str(err)
@@ -88,7 +89,6 @@ def weights_section(root: str | None, tier: str) -> dict[str, Any] | None:
 
 
 def collect(root: str | None = None, tier: str = "272p") -> dict[str, Any]:
-    get_tier(tier)
     platform = current_platform.report
     return {
         "platform": platform,

@@ -42,13 +42,31 @@ class Terminated(BaseException):
 _OS_FIXES = {
     "ENOSPC": "free space on that disk, or write elsewhere (--out)",
     "EDQUOT": "free space within your quota, or write elsewhere (--out)",
-    "EFBIG": "raise the file-size limit (ulimit -f) or write to a filesystem that takes large files (--out)",
     "EACCES": "make it writable for this user, or choose another folder (--out)",
     "EPERM": "make it writable for this user, or choose another folder (--out)",
     "EROFS": "the filesystem is read-only: choose another folder (--out)",
     "EMFILE": "raise the open-file limit (ulimit -n), then run again",
     "ENOMEM": "free memory, then run again",
 }
+
+
+def os_error_naming(err: OSError, filename: str) -> OSError:
+    """``err`` naming ``filename``: a new OSError of the same errno (and subclass), since some (PyAV's) have a
+    read-only file name; raise it ``from err``."""
+
+    return OSError(err.errno, err.strerror or str(err), filename)
+
+
+def _file_size_fix() -> str:
+    """The fix for EFBIG: this process's file-size limit (``ulimit -f``) if it has one, else the filesystem's."""
+
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return "this filesystem takes no file that large: write to another (--out)"
+    return (f"this process may write files of at most {limit // 1024} KiB (ulimit -f): raise it "
+            "(ulimit -f unlimited), then run again")
 
 
 def describe_os_error(err: OSError) -> str:
@@ -59,5 +77,6 @@ def describe_os_error(err: OSError) -> str:
     name = errno_names.errorcode.get(err.errno or 0, "")
     what = one_line(err.filename) if err.filename is not None else "a file operation"
     why = err.strerror or str(err) or type(err).__name__
-    fix = _OS_FIXES.get(name, "check the path, the disk and its permissions, then run again")
+    fix = _file_size_fix() if name == "EFBIG" else _OS_FIXES.get(
+        name, "check the path, the disk and its permissions, then run again")
     return f"{what}: {why}{f' ({name})' if name else ''}. Fix: {fix}"

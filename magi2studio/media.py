@@ -27,6 +27,19 @@ def pcm_sha256(audio: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(audio, dtype=np.float32).tobytes()).hexdigest()
 
 
+def latents_sha256(video: np.ndarray, audio: np.ndarray) -> str:
+    """sha256 of the final latents as float32, video [1, C, T, H, W] then audio [1, T, C], C order.
+
+    They are what the sampler made, before decoding rounds them to uint8 frames and resampled
+    PCM, so they show a difference in the last bit that the frames may hide.
+    """
+
+    digest = hashlib.sha256()
+    for array in (video, audio):
+        digest.update(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+    return digest.hexdigest()
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as file:
@@ -86,9 +99,14 @@ def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
 
 
 def write_poster(path: Path, frames: np.ndarray) -> None:
+    """The middle frame as a JPEG, encoded in memory and written by Python: Pillow's encoder ignores a short
+    write (a full disk, ``ulimit -f``) and would leave a cut poster behind; Python's write raises."""
+
     from PIL import Image
 
-    Image.fromarray(np.ascontiguousarray(frames[len(frames) // 2])).save(path, format="JPEG", quality=90)
+    encoded = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(frames[len(frames) // 2])).save(encoded, format="JPEG", quality=90)
+    Path(path).write_bytes(encoded.getvalue())
 
 
 def decode_mp4(data: bytes) -> tuple[np.ndarray, np.ndarray, float, int]:

@@ -16,7 +16,7 @@ Env switches (read in the worker, so set them before the engine starts):
 - ``MAGI2_KERNELS``: ``off`` (default), ``on``, or per kernel; handed to
   ``magi2_kernels.overrides``. What was installed is written to ``kernels.json``.
 - ``MAGI2STUDIO_TEST_CHECKPOINT``: test-only; the root of a tree ``scripts/make-test-checkpoint``
-  wrote. Its reduced depth replaces upstream's (:mod:`magi2studio.test_checkpoint`, refused for an
+  wrote. Its reduced depth replaces upstream's (:mod:`magi2studio.engines.test_checkpoint`, refused for an
   unmarked tree) and is written to ``test-checkpoint.json``. Unset by default.
 
 Idempotent: a second call returns the first call's state. Loud: a hooked or patched name
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Cancelled
-from .metrics_folder import (
+from .engines.metrics_folder import (
     ENV_CANCEL_FILE,
     ENV_METRICS_DIR,
     PROGRESS_FILE,
@@ -40,9 +40,9 @@ from .metrics_folder import (
     steps_file,
     test_checkpoint_file,
 )
+from .engines.test_checkpoint import apply_from_env as apply_test_checkpoint_depth
+from .engines.timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
 from .platform import current_platform
-from .test_checkpoint import apply_from_env as apply_test_checkpoint_depth
-from .timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
 
 ENV_STAGE = "MAGI2STUDIO_STAGE"
 ENV_KERNELS = "MAGI2_KERNELS"
@@ -61,7 +61,7 @@ def current_rank() -> int:
 
 
 class WorkerStepTimer(StepTimer):
-    """magi2studio.timing's StepTimer, with the rank read per sample (workers learn it after plugins load)."""
+    """The run folder's timing.StepTimer, with the rank read per sample (workers learn it after plugins load)."""
 
     def __init__(self, metrics_dir: Path, stage: str, cancel_file: str | None) -> None:
         super().__init__(stage=stage, on_step=self._step_finished, on_sample=self._sample_finished)

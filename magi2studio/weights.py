@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError
-from .tiers import get_tier
+from .vocabulary.tiers import get_tier
 
 DEFAULT_ROOT = Path("models/MAGI-2-preview")
 REFINER_DIR = "refiner"

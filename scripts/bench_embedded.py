@@ -32,10 +32,11 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    from magi2studio import runs, timing
+    from magi2studio.run_folder import runs
+    from magi2studio.engines import timing
     from magi2studio.engines import get_engine
-    from magi2studio.layouts import parse_layout
-    from magi2studio.request import build_request, read_prompt_file
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.request import build_request, read_prompt_file
 
     prompt = read_prompt_file(Path(__file__).resolve().parents[1] / "magi2studio/data/sandai/assets/sample_000.txt")
     request = build_request(prompt=prompt, tier=args.tier, deterministic=not args.no_deterministic)

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from magi2studio import determinism, media
+from magi2studio import determinism
+from magi2studio import media
 from magi2studio.engines.embedded.engine import EmbeddedEngine
-from magi2studio.layouts import parse_layout
-from magi2studio.request import build_request
-from magi2studio.timing import gate_summary
+from magi2studio.vocabulary.layouts import parse_layout
+from magi2studio.vocabulary.request import build_request
+from magi2studio.engines.timing import gate_summary
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "perf" / "embedded_layouts_cpu.json"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -29,17 +30,29 @@ def main() -> int:
     args = parser.parse_args()
     chosen = set(args.families.split(","))
 
+    from magi2studio import determinism
+
+    determinism.apply_defaults()
+    work = Path(tempfile.mkdtemp(prefix="magi2studio-fuzz-"))
+    try:
+        counts, examples = draw(chosen, args.examples, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the drawn files and the tiny run folder: nothing stays in TMPDIR
+    return report_and_exit(counts, examples)
+
+
+def draw(chosen: set[str], n_examples: int, work: Path):
+    """Draw every chosen family in ``work``; (outcome counts, up to three bad examples) per family."""
+
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from magi2studio import determinism, runs
+    from magi2studio.run_folder import runs
     from magi2studio.cli import main as cli
     from tests.requests_and_runs import fuzzing as F
 
-    determinism.apply_defaults()
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     examples: dict[str, list] = collections.defaultdict(list)
-    work = Path(tempfile.mkdtemp(prefix="magi2studio-fuzz-"))
 
     def family(name, strategy, attempt, n):
         if name not in chosen:
@@ -54,21 +67,20 @@ def main() -> int:
                 examples[name].append(repr(value)[:200])
         run()
 
-    family("requests", F.request_fields, F.attempt_request, args.examples)
-    family("request_yaml", st.text(max_size=80), lambda t: F.attempt_request_yaml(t, work), args.examples)
+    family("requests", F.request_fields, F.attempt_request, n_examples)
+    family("request_yaml", st.text(max_size=80), lambda t: F.attempt_request_yaml(t, work), n_examples)
     set_folder = F.make_set_folder(F.fresh(work / "sets"))
-    family("sample_sets", F.sample_sets, lambda d: F.attempt_sample_set(d, set_folder), args.examples)
-    family("cli_flags", F.cli_argv, lambda a: F.attempt_cli(a, work / "cli-out"), args.examples)
-    if "manifests" not in chosen:
-        return report_and_exit(counts, examples)
-    out = F.fresh(work / "runs")
-    assert cli(["generate", "--prompt", "a red kite over a windy beach", "--steps", "2", "--out", str(out)]) == 0
-    (folder,) = [p for p in out.iterdir() if runs.is_complete(p)]
-    pristine = (folder / "manifest.json").read_bytes()
-    family("manifests", F.manifest_edits, lambda e: F.attempt_manifest(folder, pristine, e),
-           max(args.examples // 3, 10))
-
-    return report_and_exit(counts, examples)
+    family("sample_sets", F.sample_sets, lambda d: F.attempt_sample_set(d, set_folder), n_examples)
+    family("cli_flags", F.cli_argv, lambda a: F.attempt_cli(a, work / "cli-out"), n_examples)
+    if "manifests" in chosen:
+        out = F.fresh(work / "runs")
+        assert cli(["generate", "--prompt", "a red kite over a windy beach", "--steps", "2", "--out", str(out)]) == 0
+        (current,) = [p for p in out.iterdir() if runs.is_complete(p)]
+        folder = F.made_before_run_ids(current, F.fresh(work / "older"))  # checked field by field, not by its run id
+        pristine = (folder / "manifest.json").read_bytes()
+        family("manifests", F.manifest_edits, lambda e: F.attempt_manifest(folder, pristine, e),
+               max(n_examples // 3, 10))
+    return counts, examples
 
 
 def report_and_exit(counts, examples) -> int:

@@ -4,9 +4,9 @@
     .venv/bin/python scripts/score_heldout.py --weights /tmp/tiny-trained --out /tmp/heldout-trained.json
     .venv/bin/python scripts/score_heldout.py --weights random --out /tmp/heldout-random.json
 
-Each held-out combination (magi2studio.scenes.HELD_OUT, never trained on) is captioned with
+Each held-out combination (magi2studio.semantic.scenes.HELD_OUT, never trained on) is captioned with
 its grammar phrasing ``index % PHRASINGS``, generated at the tier with the default steps into a
-run folder under ``--runs``, and judged by :func:`magi2studio.score.score_run`, the function
+run folder under ``--runs``, and judged by :func:`magi2studio.semantic.score.score_run`, the function
 behind ``magi2studio score RUN``. The JSON holds every verdict and the share of runs matching
 per attribute; the table printed last is that share.
 
@@ -45,22 +45,23 @@ def main(argv: list[str] | None = None) -> int:
     from magi2studio.determinism import apply_defaults
 
     apply_defaults()
-    from magi2studio import runs
+    from magi2studio.run_folder import runs
     from magi2studio.engines.embedded import EmbeddedEngine
-    from magi2studio.layouts import parse_layout
-    from magi2studio.request import Request
-    from magi2studio.scenes import HELD_OUT, PHRASINGS, caption_for
-    from magi2studio.score import score_run
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.request import Request
+    from magi2studio.semantic.scenes import HELD_OUT, PHRASINGS, caption_for
+    from magi2studio.semantic.score import score_run
 
     runs_root = args.runs or Path(tempfile.mkdtemp(prefix="heldout-"))
     engine = EmbeddedEngine(weights=args.weights)
     layout = parse_layout("sp1-cfg1")
+    driver = _decoding_driver(engine) if args.decode_codes else None
     results = []
     for index, facts in enumerate(HELD_OUT[: args.limit]):
         caption = caption_for(facts, index % PHRASINGS)
         started = time.perf_counter()
         if args.decode_codes:
-            score, where = _decode_codes(engine, layout, facts, args.tier, args.seed + index), "codes"
+            score, where = _decode_codes(driver, engine.config, facts, args.tier, args.seed + index), "codes"
         else:
             request = Request(prompt=caption, seed=args.seed + index, tier=args.tier, steps=args.steps)
             folder = runs.execute(engine, request, layout, runs_root)
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{index:2d} {seconds:5.1f} s  " + " ".join(f"{a}={'Y' if m else 'n' if m is False else '-'}"
                                                       for a, m in verdicts.items()) + f"  | {caption}", flush=True)
     info = engine.info()
+    if driver is not None:  # no ranks ran; the decoders came from this checkpoint
+        info["checkpoint"] = str(driver.c.root)
     engine.close()
     rates = {}
     for attribute in ATTRIBUTES:
@@ -87,19 +90,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _decode_codes(engine, layout, facts, tier_name: str, seed: int):
+def _decoding_driver(engine):
+    """The engine's checkpoint loaded in this process as a rank loads it, for its decoders only."""
+
+    from magi2studio.engines.embedded import upstream_patches
+    from magi2studio.engines.embedded.rank import load_driver
+
+    upstream_patches.init_world_of_one()  # released when the script exits
+    return load_driver(engine.checkpoint())
+
+
+def _decode_codes(driver, config, facts, tier_name: str, seed: int):
     """A held-out scene's own latent codes through the checkpoint's decoders, scored."""
 
     import torch
 
-    from magi2studio.scenes import make_scene
-    from magi2studio.score import score_clip
-    from magi2studio.tiers import AUDIO_SAMPLE_RATE, get_tier
+    from magi2studio.semantic.scenes import make_scene
+    from magi2studio.semantic.score import score_clip
+    from magi2studio.vocabulary.tiers import AUDIO_SAMPLE_RATE, get_tier
     from magi2studio.training import latents as codes
 
     tier = get_tier(tier_name)
-    engine.start(layout)
-    driver, config = engine._pool.driver, engine.config  # sp1-cfg1: the in-process pool
     scene = make_scene(facts, tier, seed)
     frames = codes.scene_frames(scene, codes.latent_frame_times(tier.frames, config.latent_frames))
     video = codes.encode_frames(frames, config.spatial_stride).unsqueeze(0)

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     phases = ("decoders", "dit", "pack") if args.phase == "all" else (args.phase,)
 
     if "decoders" in phases or "dit" in phases:
-        upstream_patches.hold_world_of_one()
+        upstream_patches.init_world_of_one()  # released when the script exits
         components = load_components(base)
         components.image_encoder.load_state_dict(codes.image_encoder_state(config.spatial_stride))
         started = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..request import whole_number
+from ..vocabulary.request import whole_number
 from .generate import add_request_arguments, request_from_args
 
 DEFAULT_OUT = Path("outputs/ab")
@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..ab import BIT_IDENTICAL, check_pairs, parse_side, run_ab
+    from ..reproduction.ab import BIT_IDENTICAL, check_pairs, parse_side, run_ab
 
     pairs = check_pairs(whole_number(args.pairs, "pairs"))
     request = request_from_args(args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..tiers import TIERS
+from ..vocabulary.tiers import TIERS
 
 
 def register(subparsers) -> None:

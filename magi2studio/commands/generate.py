@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..paths import read_text
-from ..request import (MAX_PROMPT_FILE_BYTES, RANDOM_SEED, Request, build_request_seeding, read_prompt_file,
-                       whole_number)
+from ..vocabulary.paths import read_text
+from ..vocabulary.request import (MAX_PROMPT_FILE_BYTES, RANDOM_SEED, Request, build_request_seeding, read_prompt_file,
+                                  whole_number)
 
 DEFAULT_OUT = Path("outputs")
 MAX_REQUEST_BYTES = 2 * MAX_PROMPT_FILE_BYTES  # a request holds its prompt and a negative prompt
@@ -105,10 +105,10 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import runs
+    from ..run_folder import runs
     from ..engines import get_engine
-    from ..layouts import parse_layout
-    from ..progress import ConsoleProgress
+    from ..vocabulary.layouts import parse_layout
+    from .progress import ConsoleProgress
 
     request = request_from_args(args)
     layout = parse_layout(args.layout)

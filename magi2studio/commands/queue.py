@@ -53,7 +53,7 @@ def register(sub) -> None:
 
 
 def _queue(args: argparse.Namespace):
-    from ..jobqueue import JobQueue
+    from ..jobs.jobqueue import JobQueue
 
     return JobQueue(Path(args.out))
 
@@ -68,7 +68,7 @@ def list_jobs(args: argparse.Namespace) -> int:
     if not state.jobs:
         print(f"no jobs in {Path(args.out) / 'queue.json'}")
         return 0
-    from ..jobqueue import runner_alive
+    from ..jobs.runner import runner_alive
 
     orphaned = not runner_alive(Path(args.out))
     for job in state.jobs:
@@ -83,8 +83,8 @@ def list_jobs(args: argparse.Namespace) -> int:
 
 def add_job(args: argparse.Namespace) -> int:
     from ..engines import get_engine
-    from ..layouts import parse_layout
-    from ..runs import check_outputs_root
+    from ..vocabulary.layouts import parse_layout
+    from ..run_folder.runs import check_outputs_root
 
     request = request_from_args(args)
     if request.image:  # the runner may start elsewhere: keep the path it can open
@@ -115,9 +115,10 @@ def remove_job(args: argparse.Namespace) -> int:
 def run_jobs(args: argparse.Namespace) -> int:
     """Claim the waiting jobs one by one and run them, like the studio's slot; exit 1 if any failed."""
     from ..engines import get_engine
-    from ..jobqueue import JobQueue, RunnerLock, execute_job, plan_record
-    from ..progress import ConsoleProgress
-    from ..runs import check_outputs_root
+    from ..jobs.jobqueue import JobQueue
+    from ..jobs.runner import RunnerLock, execute_job, plan_record
+    from .progress import ConsoleProgress
+    from ..run_folder.runs import check_outputs_root
 
     if args.queue_size is not None and args.queue_size < 1:
         raise InputError("queue-size", f"{args.queue_size} is below 1", "use --queue-size 1 or more")

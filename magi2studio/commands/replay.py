@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,13 +20,17 @@ def register(sub) -> None:
 def replay(run_dir: Path, out: Path | None = None):
     """Returns (original manifest, new RunFolder, {hash name: matched})."""
 
-    from .. import runs
+    from ..run_folder import runs
     from ..engines import get_engine
-    from ..layouts import parse_layout
-    from ..progress import ConsoleProgress
-    from ..request import build_request
+    from ..vocabulary.layouts import parse_layout
+    from .progress import ConsoleProgress
+    from ..vocabulary.request import build_request
 
-    original = runs.verify_run(run_dir).manifest  # a tampered or malformed folder is refused here
+    verified = runs.verify_run(run_dir)  # a tampered or malformed folder, an edited manifest, is refused here
+    if not verified.manifest_covered:
+        print(f"note: {run_dir}: manifest.json is not covered (made before run ids were its sha256): "
+              "a hash that DIFFERS may also be an edited manifest", file=sys.stderr)
+    original = verified.manifest
     request = runs.manifest_request(original)
     fill = {key: original["resolved"].get(key) for key in ("steps", "compile") if getattr(request, key) is None}
     if fill:

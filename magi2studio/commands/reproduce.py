@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..request import whole_number
+from ..vocabulary.request import whole_number
 
 DEFAULT_OUT = Path("outputs/reproduce")
 MAX_EXIT = 100  # exit statuses above this are reserved by shells
@@ -40,12 +40,12 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..layouts import parse_layout
-    from ..atomic import write_atomic
-    from ..references import load_reference, reference_from_report
-    from ..reproduce import reproduce
-    from ..samples import load_sample_set
-    from ..tiers import get_tier
+    from ..vocabulary.layouts import parse_layout
+    from ..run_folder.atomic import write_atomic
+    from ..reproduction.references import load_reference, reference_from_report
+    from ..reproduction.reproduce import reproduce
+    from ..reproduction.samples import load_sample_set
+    from ..vocabulary.tiers import get_tier
 
     if args.tier is not None:
         get_tier(args.tier)  # the flag is named in the refusal, not the first entry it reaches

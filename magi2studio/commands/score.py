@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..score import score_run
+    from ..semantic.score import score_run
 
     result = score_run(args.run_dir)
     if args.json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..tiers import TIERS
+from ..vocabulary.tiers import TIERS
 
 
 def register(subparsers) -> None:

@@ -2,7 +2,7 @@
 
 Two engines implement it: ``embedded`` (upstream's MAGI-2 code at a tiny configuration,
 CPU, generated weights) and ``vllm-omni`` (the real pipeline on MUSA/CUDA GPUs). Engines
-return arrays; :mod:`magi2studio.runs` turns them into a run folder the same way for both.
+return arrays; :mod:`magi2studio.run_folder.runs` turns them into a run folder the same way for both.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..layouts import Layout
-from ..request import RANDOM_SEED, Request
-from ..tiers import Tier, get_tier
+from ..vocabulary.layouts import Layout
+from ..vocabulary.request import RANDOM_SEED, Request
+from ..vocabulary.tiers import Tier, get_tier
 
 @dataclass(frozen=True)
 class Plan:
@@ -84,6 +84,7 @@ class Generation:
     stage_ms: dict[str, float]
     resolved: dict[str, Any]  # the plan's resolved settings, with what only the run knows
     engine_info: dict[str, Any]  # name, embedded or not, components, configs, kernels
+    latents_sha256: str | None = None  # media.latents_sha256, where the engine can read its latents
 
 
 ProgressCallback = Callable[[Progress], None]

@@ -14,9 +14,10 @@ from typing import Any
 import gradio as gr
 
 from ..engines.base import Engine
-from ..layouts import parse_layout
-from ..runs import check_outputs_root
+from ..vocabulary.layouts import parse_layout
+from ..run_folder.runs import check_outputs_root
 from .context import ASSETS, MAX_UPLOAD_BYTES, StudioContext
+from .served import ServedFiles, StudioBlocks
 from .slot import EngineSlot
 
 TABS = ("generate", "results", "history", "environment", "reproduce", "ab")
@@ -33,7 +34,8 @@ def create_app(engine: Engine, outputs_root: Path, *, max_waiting: int = 32, pre
                       preload=parse_layout(preload) if preload else None)
     ctx = StudioContext(engine=engine, capabilities=capabilities, slot=slot, outputs_root=outputs_root,
                         gpu_gib=gpu_gib)
-    with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
+    with StudioBlocks(title=TITLE, analytics_enabled=False) as demo:
+        demo.served = ServedFiles(outputs_root)  # the linked reports, not the root: it holds the queue file
         ctx.demo = demo
         gr.Markdown(f"# {TITLE} · {capabilities.engine} engine")
         with gr.Tabs() as tabs:
@@ -61,7 +63,8 @@ def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -
     css = (ASSETS / "studio.css").read_text(encoding="utf-8") + "".join(
         f'\n#tier label:has(input[value="{tier}"]) {{ opacity: .45; pointer-events: none; }}' for tier in disabled)
     return {
-        "allowed_paths": [str(ctx.outputs_root), str(ASSETS)],
+        # The linked reports are added per look-up by StudioBlocks (served.py), never the whole outputs root.
+        "allowed_paths": [str(ASSETS)],
         "css": css,
         "theme": theme(),
         # Waiting followers each hold a worker thread; leave room for the page's other events.

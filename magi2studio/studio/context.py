@@ -21,7 +21,7 @@ MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # Gradio refuses larger uploads (first fram
 
 
 def report_links(folder: Path, names: tuple[str, ...]) -> str:
-    """Markdown download links to report files in ``folder`` (under the outputs root, which the app serves)."""
+    """Markdown download links to report files in ``folder`` (``served.REPORTS`` lets them out)."""
     return ", ".join(f"[{name}](gradio_api/file={quote(str(Path(folder) / name))})" for name in names)
 
 
@@ -32,8 +32,10 @@ class StudioContext:
     - ``engine``, ``capabilities``: the engine behind the studio and what it can run here.
     - ``slot``: the one :class:`EngineSlot` (bounded FIFO queue) every session submits to;
       a tab that generates calls ``ctx.slot.submit(ctx.engine.plan(request, layout), owner)`` and
-      ``ctx.slot.follow(job)``; ``owner`` is the Gradio session hash (cancel uses it).
-    - ``outputs_root``: where run folders are written; the only data folder the app serves.
+      ``ctx.slot.follow(job)``; ``owner`` is who may act on the job (``job_panel``: the page's browser id,
+      else ``job_panel.session_owner(request)``).
+    - ``outputs_root``: where run folders are written; not served as a folder: components get cached
+      copies of what they show (``served.cached``), and only the linked reports are served from it.
     - ``scratch``: a private temp folder for derived files (run-folder zips, staged uploads);
       zips are capped at ``scratch_cap_bytes`` (oldest removed first), and ``close()``
       removes the folder at shutdown.

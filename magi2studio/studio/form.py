@@ -11,9 +11,9 @@ from typing import Any
 
 from ..engines.base import Capabilities, Engine, Plan
 from ..errors import InputError
-from ..layouts import PRESETS, Layout, check_shape, parse_layout
-from ..paths import inside
-from ..request import Request, build_request_seeding, check_image, read_prompt_file, whole_number
+from ..vocabulary.layouts import PRESETS, Layout, check_shape, parse_layout
+from ..vocabulary.paths import inside
+from ..vocabulary.request import Request, build_request_seeding, check_image, read_prompt_file, whole_number
 
 CUSTOM = "custom"
 ENGINE_DEFAULT = "engine default"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import InputError
-from ..request import RANDOM_SEED
-from ..runs import is_complete, load_run
+from ..vocabulary.request import RANDOM_SEED
+from ..run_folder.runs import is_complete, load_run
 
 MAX_SHOWN = 200
 PROMPT_PREVIEW_CHARS = 160

@@ -3,8 +3,10 @@
 The list is the queue file seen through the slot (so jobs added with ``magi2studio queue
 add``, or left from before a restart, show too), redrawn every second. Each row's buttons
 (cancel, remove, open, run again) send ``{action, job}`` through the HTML component's click
-event. The queue is shared: whoever can open the page can act on any job (``--auth`` limits
-who can open it).
+event. Everyone who can open the page sees every job, but acts only on their own: a job's
+owner is the browser that queued it (its id, kept in the browser's storage, see
+``session_state``) or, for an API client, its Gradio session (:func:`session_owner`). A job
+id alone, which the list shows, moves nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from ..errors import InputError
-from ..eta import Estimate
-from ..jobqueue import JobRecord, plan_record
+from ..jobs.eta import Estimate
+from ..jobs.jobqueue import JobRecord
+from ..jobs.runner import plan_record
 from .context import StudioContext
 from .session_state import run_folder_named
 
@@ -28,6 +31,12 @@ CLICKS = ("element.addEventListener('click', (event) => {"
 ACTIONS = {"waiting": ("cancel",), "running": ("cancel",), "done": ("open", "remove"),
            "cancelled": ("run again", "remove"), "failed": ("run again", "remove"),
            "refused": ("remove",), "interrupted": ("run again", "remove")}
+
+
+def session_owner(request: gr.Request | None) -> str:
+    """The owner name of a Gradio session. Prefixed: a session hash is the client's to pick, and must never equal
+    a browser id (32 hex digits) or ``cli`` (jobs of ``magi2studio queue add``)."""
+    return f"session-{getattr(request, 'session_hash', None) or 'none'}"
 
 
 def _seconds(value: float) -> str:
@@ -51,8 +60,11 @@ class JobPanel:
 
     def owner(self, request: gr.Request | None) -> str:
         """The browser id of the page that sent ``request``, else its Gradio session (API clients)."""
-        session = getattr(request, "session_hash", None)
-        return self._owners.get(session or "", "") or session or "anonymous"
+        return self._owners.get(getattr(request, "session_hash", None) or "", "") or session_owner(request)
+
+    def owns(self, record: JobRecord, request: gr.Request | None) -> bool:
+        """Whether the caller queued the job: from its browser, or from this very session (Reproduce, API)."""
+        return record.owner in (self.owner(request), session_owner(request))
 
     def source(self, request: gr.Request | None) -> str:
         """studio for a page (it registered its browser id on load), api for any other client."""
@@ -68,7 +80,7 @@ class JobPanel:
                 self.ctx.engine.name, plan, engine_starts=self.ctx.engine.layout != plan.layout)
         return self._estimates[record.id]
 
-    def rows(self, now: float | None = None) -> list[dict[str, str]]:
+    def rows(self, now: float | None = None, request: gr.Request | None = None) -> list[dict[str, str]]:
         """One dict per shown job: running first, then waiting in order, then the newest finished."""
         now = time.time() if now is None else now
         state = self.ctx.slot.snapshot()
@@ -96,11 +108,13 @@ class JobPanel:
                     "%H:%M:%S", time.localtime(job.finished or job.submitted))
                 detail = job.message
             rows.append({"id": job.id, "ticket": str(job.ticket), "state": job.state, "what": job.summary(),
-                         "source": job.source, "when": when, "detail": detail})
+                         "source": job.source, "when": when, "detail": detail,
+                         "actions": ACTIONS[job.state] if self.owns(job, request) else ()})
         return rows
 
-    def render(self) -> str:
-        rows = self.rows()
+    def render(self, request: gr.Request | None = None) -> str:
+        """The list as the caller sees it: buttons only on the caller's own jobs."""
+        rows = self.rows(request=request)
         if not rows:
             return '<p class="m2s-jobs-empty">No jobs yet: Generate adds one (you can add more while one runs).</p>'
         body = "".join(
@@ -109,7 +123,7 @@ class JobPanel:
             f'<br><small>from {html.escape(row["source"])} · id {row["id"][:8]}</small></td>'
             f'<td>{html.escape(row["when"])}</td><td>{html.escape(row["detail"])}</td><td>'
             + "".join(f'<button data-action="{action}" data-job="{row["id"]}">{action}</button>'
-                      for action in ACTIONS[row["state"]])
+                      for action in row["actions"])
             + "</td></tr>" for row in rows)
         return ('<table class="m2s-jobs"><thead><tr><th>#</th><th>state</th><th>job</th><th>time</th>'
                 f'<th>progress</th><th></th></tr></thead><tbody>{body}</tbody></table>')
@@ -119,6 +133,9 @@ class JobPanel:
         slot = self.ctx.slot
         try:
             record = slot.snapshot().find(job_id)
+            if not self.owns(record, request):
+                raise InputError("job", f"#{record.ticket} was queued by another browser or client",
+                                 "act on your own jobs (the rows with buttons)")
             if action == "cancel":
                 if not slot.cancel_job(record.id):
                     raise InputError("job", f"#{record.ticket} is {record.state}",
@@ -149,13 +166,17 @@ def build(ctx: StudioContext) -> JobPanel:
         panel.table = gr.HTML(panel.render(), elem_id="job-panel", js_on_load=CLICKS)
         panel.notice = gr.Markdown(elem_id="job-notice")
     timer = gr.Timer(1.0)
-    timer.tick(panel.render, None, panel.table, queue=False, show_progress="hidden", api_visibility="private")
+
+    def redraw(request: gr.Request) -> str:
+        return panel.render(request)
+
+    timer.tick(redraw, None, panel.table, queue=False, show_progress="hidden", api_visibility="private")
 
     def clicked(event: gr.EventData, request: gr.Request):
         data = getattr(event, "_data", None) or {}
         notice, run = panel.act(str(data.get("action", "")), str(data.get("job", "")), request)
         shown = ctx.results.values_for(run) if run is not None else {}
-        return {panel.table: panel.render(), panel.notice: notice, **shown,
+        return {panel.table: panel.render(request), panel.notice: notice, **shown,
                 ctx.tabs: gr.Tabs(selected="results") if run is not None else gr.Tabs()}
 
     ctx.defer(lambda: panel.table.click(clicked, None, [panel.table, panel.notice, *ctx.results.components, ctx.tabs],

@@ -13,8 +13,8 @@ from typing import Any
 
 from ..engines.base import Capabilities, Engine
 from ..errors import InputError
-from ..layouts import PRESETS, Layout, memory_fit_line
-from ..tiers import TIERS, Tier, get_tier
+from ..vocabulary.layouts import PRESETS, Layout, memory_fit_line
+from ..vocabulary.tiers import TIERS, Tier, get_tier
 from .form import CUSTOM, layout_from_form
 
 REFUSED_MARK = "⊘"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..request import RANDOM_SEED
-from ..runs import RunFolder
-from ..timing import EXCLUDED_STEPS, read_jsonl, slowest_rank_per_step
+from ..vocabulary.request import RANDOM_SEED
+from ..run_folder.runs import RunFolder
+from ..engines.timing import EXCLUDED_STEPS, read_jsonl, slowest_rank_per_step
 
 TIMING_COLUMNS = ["step", "ms", "series", "stage", "kind"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import gradio as gr
 
 from ..errors import InputError
-from ..runs import RunFolder, load_run
+from ..run_folder.runs import RunFolder, load_run
 from . import form as F
 from .context import StudioContext
 

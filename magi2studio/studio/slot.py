@@ -1,12 +1,16 @@
 """The one engine slot every browser session, API client and ``magi2studio queue add`` shares.
 
-The jobs live in the outputs root's queue file (:mod:`magi2studio.jobqueue`), so they survive
+The jobs live in the outputs root's queue file (:mod:`magi2studio.jobs.jobqueue`), so they survive
 a page reload and a studio restart, and jobs added from the command line join the same queue.
 A single worker thread owns the engine: jobs run one at a time in ticket order. A job
 submitted here reports through its own event queue (queued position, progress, ticks for the
 timer, then exactly one terminal event); a job added elsewhere runs the same way, unfollowed.
 Real engines run their workers in other processes, so progress comes from the engine's
 per-step and per-stage events, never from a console progress bar.
+
+Over 300 lines on purpose: :class:`EngineSlot` is one object whose callers' side (submit,
+follow, cancel) and worker side (claim, run, finish) share one condition; split, that lock
+would cross modules. The queue file, the runner and the job clock live in :mod:`..jobs`.
 """
 
 from __future__ import annotations
@@ -16,93 +20,29 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import runs
+from ..run_folder import runs
 from ..engines.base import Engine, Plan, Progress
 from ..errors import InputError
-from ..eta import Estimate, RunHistory
-from ..jobqueue import JobQueue, JobRecord, QueueState, RunnerLock, execute_job, plan_record
-from ..layouts import Layout
-from ..request import Request
+from ..jobs.eta import RunHistory
+from ..jobs.jobqueue import JobQueue, JobRecord, QueueState, queue_full
+from ..jobs.runner import RunnerLock, execute_job, plan_record
+from ..jobs.stage_clock import StageClock
+from ..vocabulary.layouts import Layout
+from ..vocabulary.request import Request
 
 log = logging.getLogger(__name__)
 
 TERMINAL = ("done", "refused", "cancelled", "failed")
 SYNC_S = 0.5  # how often the worker looks for changes other processes made to the queue file
 TICK_S = 0.5  # how often a follower of a running job is sent a tick (the page's timer)
-STAGE_NAMES = {"load": "engine start", "decode_video": "decode video", "decode_audio": "decode audio"}
-
-
-class StageClock:
-    """Where a running job is: its stage, since when, its steps; the timer line and ETA come from here."""
-
-    def __init__(self, estimate: Estimate | None, now: float | None = None) -> None:
-        self.estimate = estimate
-        self.started = time.monotonic() if now is None else now
-        self.stage, self.message = "starting", ""
-        self.stage_started = self.started
-        self.done: int | None = None
-        self.total: int | None = None
-        self._first_step: tuple[float, int] | None = None
-
-    def on_event(self, event: Progress, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        if event.stage != self.stage:
-            self.stage, self.stage_started, self._first_step = event.stage, now, None
-            self.done = self.total = None
-        self.message = event.message or self.message if event.step is None else ""
-        if event.step is not None and event.total:
-            self.done, self.total = event.step + 1, event.total
-            if self._first_step is None:
-                self._first_step = (now, self.done)
-
-    def stage_remaining_s(self, now: float) -> float | None:
-        """Seconds left in this stage: the rate of its steps so far, else the learned stage time."""
-        in_stage = now - self.stage_started
-        first = self._first_step
-        if self.done is not None and first is not None and self.done > first[1]:
-            return (now - first[0]) / (self.done - first[1]) * (self.total - self.done)
-        learned = self.estimate.stage_s(self.stage) if self.estimate else None
-        if learned is None:
-            return None
-        if self.done is not None and self.total:
-            return learned * (self.total - self.done) / self.total
-        return max(learned - in_stage, 0.0)
-
-    def remaining_s(self, now: float | None = None) -> float | None:
-        """Seconds left in the whole job, when this stage's remainder is known."""
-        now = time.monotonic() if now is None else now
-        stage_left = self.stage_remaining_s(now)
-        if stage_left is None:
-            return None
-        return stage_left + (self.estimate.after(self.stage) if self.estimate else 0.0)
-
-    def fraction(self, now: float) -> float | None:
-        """The stage's fraction done: steps, else the elapsed share of the learned stage time."""
-        if self.done is not None and self.total:
-            return self.done / self.total
-        learned = self.estimate.stage_s(self.stage) if self.estimate else None
-        if learned:
-            return min((now - self.stage_started) / learned, 0.99)
-        return None
-
-    def line(self, now: float | None = None) -> str:
-        """``preview: step 3/8 · 2 s in stage · job 14 s · ETA ~6 s``; stages without steps show their timer."""
-        now = time.monotonic() if now is None else now
-        name = STAGE_NAMES.get(self.stage, self.stage)
-        text = f"{name}: step {self.done}/{self.total}" if self.done is not None else name
-        if self.message and self.done is None:
-            text += f": {self.message}"
-        in_stage = now - self.stage_started
-        learned = self.estimate.stage_s(self.stage) if self.estimate else None
-        text += f" · {in_stage:.0f} s" + (f" of ~{learned:.0f} s" if learned is not None and self.done is None else "")
-        text += f" · job {now - self.started:.0f} s"
-        remaining = self.remaining_s(now)
-        if remaining is not None:
-            text += f" · ETA ~{remaining:.0f} s"
-        return text
+# How often a follower of a waiting job is sent its place again, also when it did not change: each
+# update hands control back to Gradio, which then sees a client that has gone and closes the handler.
+KEEPALIVE_S = 2.0
+FOLLOWERS_GONE_S = 10.0  # at shutdown, how long the followers get to take their last update
 
 
 @dataclass
@@ -170,6 +110,7 @@ class EngineSlot:
         self._running: Job | None = None
         self._state = "loading" if preload is not None else "idle"
         self._closed = False
+        self._followers = 0  # handlers following a job now (see following())
         self._thread = threading.Thread(target=self._serve, args=(preload,), name="engine-slot", daemon=True)
         self._thread.start()
         self._watcher = threading.Thread(target=self._watch, name="engine-slot-queue-file", daemon=True)
@@ -211,6 +152,17 @@ class EngineSlot:
         return f"{self._state} · {where} · {waiting} waiting"
 
     # -- submitting, following, cancelling ------------------------------------------------
+    def check_room(self) -> None:
+        """Refuse at once when the queue is full or the studio is closing: before any planning or file
+        work, so a crowd of clients past the bound is answered fast. ``submit`` checks again under the lock."""
+        with self._cond:
+            if self._closed:
+                raise InputError("queue", "the studio is shutting down", "try again after it restarts")
+            state = self._snapshot
+        waiting = len(state.waiting())
+        if waiting >= state.max_waiting:
+            raise queue_full(waiting, state.max_waiting)
+
     def submit(self, plan: Plan, owner: str, source: str = "studio") -> Job:
         """Queue a plan (``engine.plan`` checked it), or refuse when the queue is full or closing."""
         with self._cond:
@@ -247,38 +199,65 @@ class EngineSlot:
             self._refresh()
         return record
 
+    def client_gone(self, job: Job) -> None:
+        """The API client following ``job`` disconnected: nobody will take its result, so the job is
+        cancelled (a waiting one never runs, a running one stops at its next step boundary). Not
+        while the studio shuts down: then the job is marked as the shutdown says."""
+        if self._closed:
+            return
+        if self.cancel_job(job.id):
+            log.info("job %d: its API client disconnected; cancelled", job.ticket)
+
+    @contextmanager
+    def following(self) -> Iterator[None]:
+        """Around a handler's ``follow`` loop: shutdown waits until every follower has taken its last update."""
+        with self._cond:
+            self._followers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._followers -= 1
+                self._cond.notify_all()
+
     def follow(self, job: Job, poll_s: float = 0.25) -> Iterator[Update]:
-        """Yield the job's position while it waits, its progress and ticks while it runs, then its terminal update."""
-        last_position, last_tick = None, time.monotonic()
+        """Yield the job's position while it waits (again every ``KEEPALIVE_S``), its progress and ticks
+        while it runs, then its terminal update."""
+        last_position, last_yield = None, time.monotonic()
         while True:
             try:
                 update = job.events.get(timeout=poll_s)
             except queue.Empty:
+                now = time.monotonic()
                 position = self.position(job)
-                if position and position != last_position:
-                    last_position = position
+                if position and (position != last_position or now - last_yield >= KEEPALIVE_S):
+                    last_position, last_yield = position, now
                     yield Update("queued", position=position)
-                elif job.clock is not None and time.monotonic() - last_tick >= TICK_S:
-                    last_tick = time.monotonic()
+                elif job.clock is not None and now - last_yield >= TICK_S:
+                    last_yield = now
                     yield Update("tick")
                 continue
+            last_yield = time.monotonic()
             yield update
             if update.kind in TERMINAL:
                 return
 
     def close(self) -> None:
-        """Refuse new jobs, stop the running one (its temp folder is removed), wait; waiting jobs stay queued."""
+        """Refuse new jobs, stop the running one at a step boundary (marked interrupted, its temp folder
+        removed), tell every follower, and wait until they have taken that last update; waiting jobs stay queued."""
         with self._cond:
             self._closed = True
             if self._running is not None:
                 self._running.cancel.set()
             for job in self._jobs.values():
                 if job is not self._running:
-                    job.events.put(Update("cancelled", message="the studio shut down; the job stays in the queue "
-                                                               "and runs when the studio starts again"))
+                    job.events.put(Update("cancelled", message=f"studio: shutting down; job #{job.ticket} stays in "
+                                                               "the queue and runs when the studio starts again"))
             self._cond.notify_all()
         self._thread.join(timeout=30)
         self._watcher.join(timeout=5)
+        with self._cond:
+            self._cond.wait_for(lambda: self._followers == 0, timeout=FOLLOWERS_GONE_S)
         self._runner.release()
 
     # -- the worker ----------------------------------------------------------------------
@@ -376,10 +355,12 @@ class EngineSlot:
 
         outcome = execute_job(self.engine, job.plan, self.outputs_root, record, on_progress=on_progress,
                               cancel=job.cancel)
-        state = outcome.state
+        state, message = outcome.state, outcome.message
         if state == "cancelled" and self._closed:
             state = "interrupted"
-        self._finish(record, job, state, outcome.message, outcome)
+            message = (f"studio: shutting down; job #{record.ticket} stopped at a step boundary and is marked "
+                       "interrupted, no run folder was kept. Fix: run it again once the studio is back")
+        self._finish(record, job, state, message, outcome)
 
     def _finish(self, record: JobRecord, job: Job | None, state: str, message: str, outcome=None) -> None:
         run = outcome.run if outcome is not None else None

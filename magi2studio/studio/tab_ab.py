@@ -1,6 +1,6 @@
 """A/B: the paired method from the page: two sides, a pair count, a live table and the verdict.
 
-Each run is a fresh process (see :mod:`magi2studio.ab`), so the side's env reaches the engine.
+Each run is a fresh process (see :mod:`magi2studio.reproduction.ab`), so the side's env reaches the engine.
 That needs the engine's devices free: with the real engine the studio's own engine holds the
 GPUs, so the view says so and points to ``magi2studio ab`` from a shell.
 """
@@ -11,9 +11,9 @@ import time
 
 import gradio as gr
 
-from ..ab import BIT_IDENTICAL, check_pairs, parse_side, run_ab
+from ..reproduction.ab import BIT_IDENTICAL, check_pairs, parse_side, run_ab
 from ..errors import Cancelled, InputError
-from ..request import build_request, whole_number
+from ..vocabulary.request import build_request, whole_number
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
 

@@ -2,15 +2,17 @@
 
 The Generate button's event is also the public API endpoint ``/generate``: page and
 gradio_client go through the same function, so they get the same validation.
+
+About 300 lines on purpose: :func:`build` makes the form's components and wires their events
+inside one Gradio Blocks context; the endpoint's shape is :mod:`.endpoint`, the form's values
+:mod:`.form`, the layout control :mod:`.layout_picker`, the job list :mod:`.job_panel`.
 """
 
 from __future__ import annotations
 
 import html
-import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,13 +20,14 @@ from typing import Any
 import gradio as gr
 
 from ..errors import InputError
-from ..layouts import PRESETS
-from ..request import RANDOM_SEED, draw_seed
-from ..tiers import TIERS
+from ..vocabulary.layouts import PRESETS
+from ..vocabulary.request import RANDOM_SEED, draw_seed
+from ..vocabulary.tiers import TIERS
 from . import form as F
 from . import job_panel, session_state
 from . import layout_picker as LP
 from .context import StudioContext
+from .endpoint import one_parameter_per_field, uploads_only
 
 log = logging.getLogger(__name__)
 
@@ -42,44 +45,6 @@ class GenerateForm:
     def values_from_manifest(self, manifest: dict[str, Any]) -> list[Any]:
         """Form values (in ``fields`` order) that repeat a run: the replay path."""
         return F.values_from_manifest(manifest)
-
-
-def uploads_only(component: gr.File, field: str) -> gr.File:
-    """Refuse a file value that is not an upload (e.g. a raw server path) in the project's words.
-
-    Gradio validates a File input's payload against its data model before any handler runs,
-    also with ``preprocess=False``; its own refusal reaches the client as no message at all.
-    """
-    base = component.data_model
-
-    class UploadedFile(base):  # type: ignore[misc, valid-type]
-        @classmethod
-        def model_validate(cls, obj, *args, **kwargs):
-            if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
-                raise gr.Error(str(InputError(field, "is not an uploaded file",
-                                              "upload it (gradio_client: handle_file(path)); a server path "
-                                              "or plain text is not accepted")), print_exception=False)
-            return base.model_validate(obj, *args, **kwargs)
-
-    component.data_model = UploadedFile
-    return component
-
-
-def _one_parameter_per_field(fn: Callable[[dict[str, Any], gr.Request], Iterator[Any]]) -> Callable[..., Iterator[Any]]:
-    """``fn(form_values, request)`` as Gradio calls an event: one parameter per :data:`form.FIELDS` name
-    (the /generate endpoint's parameter names), then ``request``; so the signature follows the request model."""
-    parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in F.FIELDS]
-    signature = inspect.Signature([*parameters, inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                                  annotation=gr.Request)])
-
-    def event(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        bound = signature.bind(*args, **kwargs).arguments
-        yield from fn({name: bound[name] for name in F.FIELDS}, bound["request"])
-
-    event.__signature__ = signature  # type: ignore[attr-defined]
-    event.__annotations__ = {"request": gr.Request}
-    event.__doc__, event.__name__ = fn.__doc__, fn.__name__
-    return event
 
 
 def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False) -> str:
@@ -260,13 +225,15 @@ def build(ctx: StudioContext) -> None:
                    [new_seed, seed], seed, queue=False, api_visibility="private")
     seed.change(lambda value: value == RANDOM_SEED, seed, new_seed, queue=False, api_visibility="private")
 
-    @_one_parameter_per_field
+    @one_parameter_per_field
     def generate_run(form_values: dict[str, Any], request: gr.Request):
         """Validate, queue, follow: position while waiting, progress while running, then results."""
         cleared = {box: _error_line("") for box in error_boxes}
+        source = panel.source(request)
         try:
+            ctx.slot.check_room()  # a full queue refuses before any planning: fast, also for a crowd
             plan = F.plan_from_form(form_values, caps, ctx.engine, ctx.uploads)
-            job = ctx.slot.submit(plan, panel.owner(request), source=panel.source(request))
+            job = ctx.slot.submit(plan, panel.owner(request), source=source)
         except InputError as err:
             yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"✗ {err}"),
                    progress: _progress_html("refused: the marked field says why and how to fix it")}
@@ -274,6 +241,18 @@ def build(ctx: StudioContext) -> None:
             raise gr.Error(str(err), visible=False, print_exception=False) from None
         yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
                                                    f"/cancel_job with this id stops it)")}
+        with ctx.slot.following():
+            try:
+                yield from job_outputs(job)
+            except GeneratorExit:
+                # Gradio closes this handler when its client's stream has gone. A page's job stays (its
+                # browser finds it again after a reload); an API client's job would run for nobody.
+                if source == "api":
+                    ctx.slot.client_gone(job)
+                raise
+
+    def job_outputs(job):
+        """The form's outputs for each of the job's updates, until its terminal one (raised as gr.Error unless done)."""
         started = time.monotonic()
         for update in ctx.slot.follow(job):
             if update.kind == "queued":
@@ -304,9 +283,17 @@ def build(ctx: StudioContext) -> None:
             return _progress_html("cancelling: the run stops at the next step boundary")
         return _progress_html("nothing of yours is running or waiting")
 
-    def cancel_job(job_id: str) -> str:
-        """Cancel by job id (shown when the run is queued): for HTTP clients, whose calls have no shared session."""
-        if ctx.slot.cancel_job(job_id if isinstance(job_id, str) else ""):
+    def cancel_job(job_id: str, request: gr.Request) -> str:
+        """Cancel one of the caller's jobs by id (shown when it is queued): a client that submits from several
+        sessions (raw HTTP calls) cancels from the one that queued it (the same ``session_hash``)."""
+        try:
+            record = ctx.slot.snapshot().find(job_id if isinstance(job_id, str) else "")
+        except InputError:
+            record = None
+        if record is not None and not panel.owns(record, request):
+            return (f"job_id: {str(job_id)[:40]!r} was queued by another client. Fix: cancel from the session that "
+                    "queued it (the same gradio_client Client, or the same session_hash in raw /call requests)")
+        if record is not None and ctx.slot.cancel_job(record.id):
             return "cancelling: the run stops at the next step boundary"
         return f"job_id: {str(job_id)[:40]!r} is not a waiting or running job. Fix: use the id from the queued line"
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import gradio as gr
 
 from ..errors import InputError
-from ..runs import load_run
+from ..run_folder.runs import load_run
 from . import history as H
 from .context import StudioContext
+from .served import cached
 
 TAB_ID = "history"
 
@@ -43,7 +44,8 @@ def build(ctx: StudioContext) -> None:
         found = H.search(entries, text)
         runs = f"{len(entries)} run{'' if len(entries) == 1 else 's'}"
         what = f"{len(found)} of {runs}" if (text or "").strip() else runs
-        return ([(str(e.path / "poster.jpg"), e.caption()) for e in found], [str(e.path) for e in found],
+        found = [(e, poster) for e in found if (poster := cached(e.path / "poster.jpg", ctx.outputs_root))]
+        return ([(poster, e.caption()) for e, poster in found], [str(e.path) for e, _ in found],
                 f"{what} in {ctx.outputs_root}", gr.Column(visible=False), None)
 
     listing = [gallery, shown, count, picked_panel, picked]

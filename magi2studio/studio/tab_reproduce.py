@@ -14,14 +14,16 @@ from pathlib import Path
 import gradio as gr
 
 from ..errors import Cancelled, EngineError, InputError, describe_os_error
-from ..layouts import parse_layout
-from ..references import BUNDLED_REFERENCES, load_reference
-from ..request import whole_number
-from ..reproduce import reproduce
-from ..samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
-from ..timing import EXCLUDED_STEPS
+from ..vocabulary.layouts import parse_layout
+from ..reproduction.references import BUNDLED_REFERENCES, load_reference
+from ..vocabulary.request import whole_number
+from ..reproduction.reproduce import reproduce
+from ..reproduction.samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
+from ..engines.timing import EXCLUDED_STEPS
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
+from .job_panel import session_owner
+from .served import cached
 
 TAB_ID = "reproduce"
 COLUMNS = ["sample", "status", "mode", "seed", "tier", "steps", "frames sha256", "pcm sha256", "gate ms/step",
@@ -98,7 +100,7 @@ def build(ctx: StudioContext) -> None:
 
     def run_set(source_value, files, tier_value, layout_value, seed_value, policy_value, steps_value,
                 expect_value, expect_path, skip_value, request: gr.Request):
-        owner = request.session_hash or "anonymous"
+        owner = session_owner(request)
         staged = None
         try:
             set_path = BUNDLED_ALIAS if source_value == BUNDLED_CHOICE else stage_upload(files, ctx.scratch)
@@ -173,15 +175,15 @@ def build(ctx: StudioContext) -> None:
             yield f"**{kind}**: {first}", gr.skip(), gr.skip(), gr.skip()
             return
         report = first
-        gallery = [(str(out / r["poster"]), f"{r['name']}: {r['verdict'] or r['status']}")
-                   for r in report["samples"] if r["poster"]]
+        copies = [(cached(out / r["poster"], ctx.outputs_root), r) for r in report["samples"] if r["poster"]]
+        gallery = [(poster, f"{r['name']}: {r['verdict'] or r['status']}") for poster, r in copies if poster]
         summary = ", ".join(f"{k} {v}" for k, v in report["summary"].items() if v)
         footer = "\n".join(f"- {n}" for n in report["cannot_check_here"])
         yield (f"**done**: {summary}. Reports: {report_links(out, ('report.html', 'report.md', 'report.json'))}",
                rows_of(report), gallery, footer)
 
     def stop_set(request: gr.Request):
-        owner = request.session_hash or "anonymous"
+        owner = session_owner(request)
         if not jobs.stop(owner):
             return "nothing of yours is running"
         ctx.slot.cancel(owner)

@@ -11,10 +11,11 @@ from typing import Any
 import gradio as gr
 
 from ..errors import InputError
-from ..runs import RunFolder, load_run, manifest_request
+from ..run_folder.runs import RunFolder, load_run, manifest_request
 from . import results as R
 from .context import StudioContext
 from .form import FIELDS
+from .served import cached
 from .timing_plot import timing_html
 
 TAB_ID = "results"
@@ -48,8 +49,8 @@ class ResultsView:
     def values_for(self, run: RunFolder) -> dict[Any, Any]:
         return {
             self.headline: R.headline(run),
-            self.video: str(run.video),
-            self.wav: str(run.wav),
+            self.video: cached(run.video, self.studio.outputs_root),
+            self.wav: cached(run.wav, self.studio.outputs_root),
             self.manifest: run.manifest,
             self.download: str(self._zip(run)),
             self.plot: timing_html(R.load_timing(run)),

@@ -24,7 +24,7 @@ import math
 import numpy as np
 import torch
 
-from ..scenes import BEEP_AMPLITUDE, Scene
+from ..semantic.scenes import BEEP_AMPLITUDE, Scene
 
 SUB_CELLS = 4  # per latent cell, per axis: 3 colours x 4 x 4 = the 48 latent channels
 AUDIO_SUBSTEPS = 32  # envelope samples per audio latent frame, per pitch half

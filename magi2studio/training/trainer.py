@@ -19,6 +19,9 @@ Not trained: the text encoder (upstream ``Magi2Qwen35TextEncoder`` over a seeded
 Qwen3.5) is kept frozen: its features already tell the captions apart (different tokens,
 different vectors) and the DiT learns to read them; and the refiner DiT (1080p) is left at
 its random weights. The image-encoder stand-in is set to compute the video code exactly.
+
+Over 300 lines on purpose: the three fits run in this order over one set of examples, settings
+and log, and the file reads in that order; the latent codes they learn are :mod:`.latents`.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ import numpy as np
 import torch
 
 from ..engines.embedded.tiny import TinyConfig
-from ..scenes import Scene, sample_scenes
-from ..tiers import get_tier
+from ..semantic.scenes import Scene, sample_scenes
+from ..vocabulary.tiers import get_tier
 from . import latents as codes
 
 SHIFT = 7.0  # the preview schedule's shift (build_magi2_preview_schedulers)

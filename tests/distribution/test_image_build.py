@@ -184,7 +184,7 @@ def _outputs(tmp_path: Path) -> Path:
 
 
 def _only_run(outputs: Path) -> dict:
-    from magi2studio.runs import verify_run
+    from magi2studio.run_folder.runs import verify_run
 
     runs = [path for path in outputs.iterdir() if not path.name.startswith(".")]
     assert len(runs) == 1, runs

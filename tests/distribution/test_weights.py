@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from magi2studio import provenance
+from magi2studio.run_folder import provenance
 from magi2studio.cli import main
 from magi2studio.errors import InputError
 from magi2studio.weights import check_weights, upstream_required_paths

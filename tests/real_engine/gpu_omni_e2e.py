@@ -96,7 +96,7 @@ def stage_checkpoint(ckpt: Path, results: dict) -> None:
         return {k: round(v / 2**30, 3) for k, v in total.items()}
 
     attempt(results, "tree_gib", sizes)
-    from magi2studio.test_checkpoint import sums_digest
+    from magi2studio.engines.test_checkpoint import sums_digest
     from magi2studio.weights import check_weights
 
     for tier in ("272p", "540p"):
@@ -219,7 +219,8 @@ def stage_layers(ckpt: Path, results: dict, steps: int) -> None:
 
     results["flash_attention_substitute_rel_error"] = device_shims.self_check()
     device_shims.register()
-    from magi2studio import plugin, test_checkpoint
+    from magi2studio import plugin
+    from magi2studio.engines import test_checkpoint
     from magi2studio.engines.embedded import upstream_patches
 
     os.environ[test_checkpoint.ENV_TEST_CHECKPOINT] = str(ckpt)
@@ -277,7 +278,7 @@ def stage_layers(ckpt: Path, results: dict, steps: int) -> None:
 def stage_e2e(ckpt: Path, work: Path, results: dict, steps: int, runs_asked: list[str]) -> None:
     import importlib.util
 
-    from magi2studio.layouts import parse_layout
+    from magi2studio.vocabulary.layouts import parse_layout
 
     layout = parse_layout("sp1-cfg1-offload")
     outputs = work / "runs"
@@ -305,9 +306,10 @@ def stage_e2e(ckpt: Path, work: Path, results: dict, steps: int, runs_asked: lis
 def run_each(runs_asked, plans, engines, have_av, ckpt, work, outputs, layout, steps, results) -> None:
     """One engine per kernel selection (``MAGI2_KERNELS`` is the workers' env), each run recorded."""
 
-    from magi2studio import media, runs
+    from magi2studio import media
+    from magi2studio.run_folder import runs
     from magi2studio.engines import get_engine
-    from magi2studio.request import build_request
+    from magi2studio.vocabulary.request import build_request
 
     for name in runs_asked:
         kernels, fields = plans[name]

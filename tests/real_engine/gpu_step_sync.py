@@ -42,7 +42,8 @@ def main(out_dir: str) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from magi2studio import plugin, timing
+    from magi2studio import plugin
+    from magi2studio.engines import timing
 
     class MarkedTimer(plugin.WorkerStepTimer):
         """The plugin's timer, with its after-the-loop read marked in the profile."""

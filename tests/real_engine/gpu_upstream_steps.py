@@ -47,14 +47,15 @@ def main(out_dir: str) -> None:
     from vllm_omni.plugins import load_omni_general_plugins
 
     load_omni_general_plugins()
-    from magi2studio import plugin, timing
+    from magi2studio import plugin
+    from magi2studio.engines import timing
     from magi2studio.engines.embedded import upstream_patches
     from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
     from magi2studio.engines.embedded.components import load_components
     from magi2studio.engines.embedded.driver import EmbeddedDriver
     from magi2studio.engines.embedded.tiny import TinyConfig
-    from magi2studio.request import build_request
-    from magi2studio.tiers import get_tier
+    from magi2studio.vocabulary.request import build_request
+    from magi2studio.vocabulary.tiers import get_tier
 
     use_upstream_torch_attention()
     state = plugin.register()  # idempotent: returns what the entry point already installed

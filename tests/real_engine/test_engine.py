@@ -12,9 +12,9 @@ from magi2studio.engines.vllm_omni.capabilities import detect
 from magi2studio.engines import get_engine
 from magi2studio.engines.base import Plan
 from magi2studio.errors import InputError
-from magi2studio.layouts import parse_layout
-from magi2studio.request import build_request
-from magi2studio.tiers import get_tier
+from magi2studio.vocabulary.layouts import parse_layout
+from magi2studio.vocabulary.request import build_request
+from magi2studio.vocabulary.tiers import get_tier
 
 
 def structurally_complete_tree(root):

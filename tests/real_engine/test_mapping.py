@@ -24,9 +24,9 @@ from magi2studio.engines.vllm_omni import params
 from magi2studio.engines.vllm_omni.engine import VllmOmniEngine
 from magi2studio.engines.vllm_omni.output import map_output
 from magi2studio.errors import EngineError, InputError
-from magi2studio.layouts import Layout, parse_layout
-from magi2studio.request import build_request
-from magi2studio.tiers import get_tier
+from magi2studio.vocabulary.layouts import Layout, parse_layout
+from magi2studio.vocabulary.request import build_request
+from magi2studio.vocabulary.tiers import get_tier
 
 pipeline_magi2 = pytest.importorskip("vllm_omni.diffusion.models.magi2.pipeline_magi2")
 from vllm_omni.diffusion.data import DiffusionParallelConfig, OmniDiffusionConfig  # noqa: E402

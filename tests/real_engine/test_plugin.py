@@ -14,8 +14,9 @@ import sys
 import pytest
 import torch
 
-from magi2studio import plugin, timing
-from magi2studio.timing import read_jsonl
+from magi2studio import plugin
+from magi2studio.engines import timing
+from magi2studio.engines.timing import read_jsonl
 
 from .tiny_sampler import spawn
 

@@ -83,7 +83,7 @@ def serve(port: int, record_dir: Path) -> None:
     from fastapi.responses import JSONResponse, Response
 
     from magi2studio.plugin import ENV_METRICS_DIR, steps_file
-    from magi2studio.timing import StepRecord, write_jsonl
+    from magi2studio.engines.timing import StepRecord, write_jsonl
     from vllm_omni.diffusion.data import (DIFFUSION_REQUEST_LIFECYCLE_KEY, DIFFUSION_REQUEST_STARTED,
                                           OmniDiffusionConfig)
     from vllm_omni.diffusion.models.magi2 import pipeline_magi2
@@ -335,9 +335,9 @@ def only_record(record_dir: Path, suffix: str, before: set[Path]) -> Path:
 # --- Contract read from the installed sources ----------------------------------------------------
 def test_client_uses_the_installed_routes_fields_headers_and_flags():
     from magi2studio.engines.vllm_omni import server_client as srv
-    from magi2studio.layouts import Layout
-    from magi2studio.request import build_request
-    from magi2studio.tiers import get_tier
+    from magi2studio.vocabulary.layouts import Layout
+    from magi2studio.vocabulary.request import build_request
+    from magi2studio.vocabulary.tiers import get_tier
 
     tree = upstream_source("entrypoints/openai/api_server.py")
     routes = {(d.func.attr, d.args[0].value) for node in ast.walk(tree)
@@ -411,10 +411,10 @@ def test_stage_durations_header_parsing():
 
 # --- Against the server double ------------------------------------------------------------------
 def test_t2va_round_trip_through_upstreams_serving_video(server, tmp_path):
-    from magi2studio import runs
-    from magi2studio.layouts import Layout
-    from magi2studio.request import build_request
-    from magi2studio.timing import read_jsonl
+    from magi2studio.run_folder import runs
+    from magi2studio.vocabulary.layouts import Layout
+    from magi2studio.vocabulary.request import build_request
+    from magi2studio.engines.timing import read_jsonl
 
     records = server["records"]
     before = set(records.glob("*"))
@@ -456,9 +456,9 @@ def test_t2va_round_trip_through_upstreams_serving_video(server, tmp_path):
 def test_i2va_sends_the_first_frame_over_sync(server, tmp_path):
     from PIL import Image
 
-    from magi2studio import runs
-    from magi2studio.layouts import Layout
-    from magi2studio.request import build_request
+    from magi2studio.run_folder import runs
+    from magi2studio.vocabulary.layouts import Layout
+    from magi2studio.vocabulary.request import build_request
 
     records = server["records"]
     before = set(records.glob("*"))
@@ -479,10 +479,10 @@ def test_i2va_sends_the_first_frame_over_sync(server, tmp_path):
 
 
 def test_failed_job_is_one_clear_line(server, tmp_path):
-    from magi2studio import runs
+    from magi2studio.run_folder import runs
     from magi2studio.errors import EngineError
-    from magi2studio.layouts import Layout
-    from magi2studio.request import build_request
+    from magi2studio.vocabulary.layouts import Layout
+    from magi2studio.vocabulary.request import build_request
 
     with pytest.raises(EngineError) as err:
         runs.execute(engine(server["url"]), build_request(prompt=f"x {FAIL_MARK}", steps=2), Layout(4, 2), tmp_path)
@@ -492,10 +492,10 @@ def test_failed_job_is_one_clear_line(server, tmp_path):
 
 
 def test_timeout_and_cancel_delete_the_server_job(server, tmp_path):
-    from magi2studio import runs
+    from magi2studio.run_folder import runs
     from magi2studio.errors import Cancelled, EngineError
-    from magi2studio.layouts import Layout
-    from magi2studio.request import build_request
+    from magi2studio.vocabulary.layouts import Layout
+    from magi2studio.vocabulary.request import build_request
 
     records = server["records"]
     before = set(records.glob("*.aborted"))
@@ -516,7 +516,7 @@ def test_timeout_and_cancel_delete_the_server_job(server, tmp_path):
 
 def test_server_down_is_one_clear_line():
     from magi2studio.errors import EngineError
-    from magi2studio.layouts import Layout
+    from magi2studio.vocabulary.layouts import Layout
 
     down = engine(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(EngineError) as err:
@@ -530,8 +530,8 @@ def test_server_down_is_one_clear_line():
 
 def test_layout_change_is_refused_with_the_serve_command(server):
     from magi2studio.errors import InputError
-    from magi2studio.layouts import Layout
-    from magi2studio.tiers import get_tier
+    from magi2studio.vocabulary.layouts import Layout
+    from magi2studio.vocabulary.tiers import get_tier
 
     declared = engine(server["url"], server_layout="sp4-cfg2")
     with pytest.raises(InputError) as err:

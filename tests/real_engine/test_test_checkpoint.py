@@ -10,8 +10,14 @@ import json
 
 import pytest
 
-from magi2studio import plugin, test_checkpoint
-from magi2studio.test_checkpoint import ENV_TEST_CHECKPOINT, MARKER_FILE, TestCheckpointError, TestCheckpointSpec
+from magi2studio import plugin
+from magi2studio.engines import test_checkpoint
+from magi2studio.engines.test_checkpoint import (
+    ENV_TEST_CHECKPOINT,
+    MARKER_FILE,
+    TestCheckpointError,
+    TestCheckpointSpec,
+)
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from magi2studio.errors import InputError
-from magi2studio.layouts import Layout
-from magi2studio.request import build_request, output_size
-from magi2studio.tiers import get_tier
-from magi2studio.timing import StepTimer, active, stage
+from magi2studio.vocabulary.layouts import Layout
+from magi2studio.vocabulary.request import build_request, output_size
+from magi2studio.vocabulary.tiers import get_tier
+from magi2studio.engines.timing import StepTimer, active, stage
 
 SHARED = Path("/work/shared/sandai-assets/magi2_refiner.json")
 
@@ -43,14 +43,17 @@ def test_the_schedule_starts_at_the_noise_value_on_the_shifted_curve(steps):
 
 @pytest.fixture(scope="module")
 def components():
-    """A started in-process embedded engine's components (it owns the world-1 parallel groups)."""
+    """The embedded engine's components loaded in this process as its rank loads them, on world-1 groups."""
 
+    from magi2studio.engines.embedded import upstream_patches
+    from magi2studio.engines.embedded.components import load_components
     from magi2studio.engines.embedded.engine import EmbeddedEngine
 
-    engine = EmbeddedEngine()
-    engine.start(Layout(1, 1))
-    yield engine._pool.components
-    engine.close()
+    upstream_patches.init_world_of_one()
+    try:
+        yield load_components(EmbeddedEngine().checkpoint())
+    finally:
+        upstream_patches.destroy_parallel()
 
 
 def test_the_refiner_dit_is_dense_gqa_with_multimodal_ends_and_windowed_layers(components):
@@ -130,8 +133,8 @@ def test_1080p_layout_rules_in_the_embedded_engine():
 
 
 def test_output_size_is_the_generated_one_or_a_listed_resize():
-    assert output_size(build_request(prompt="p", tier="1080p")) == (1920, 1088)
-    assert output_size(build_request(prompt="p", tier="1080p", output_height=1080)) == (1920, 1080)
+    assert output_size(build_request(prompt="p", tier="1080p"), get_tier("1080p")) == (1920, 1088)
+    assert output_size(build_request(prompt="p", tier="1080p", output_height=1080), get_tier("1080p")) == (1920, 1080)
     for fields, message in [
         ({"tier": "1080p", "output_height": 1000},
          "output_height: 1000 is not an output size of the 1080p tier. Fix: "),
@@ -165,7 +168,7 @@ def test_cli_output_size_and_refiner_steps_flags_reach_the_request():
     add_request_arguments(parser)
     request = request_from_args(parser.parse_args(["--prompt", "p", "--tier", "1080p", "--refiner-steps", "3",
                                                    "--output-height", "1080"]))
-    assert (request.refiner_steps, output_size(request)) == (3, (1920, 1080))
+    assert (request.refiner_steps, output_size(request, get_tier("1080p"))) == (3, (1920, 1080))
     with pytest.raises(InputError, match="^output_height: 1000 is not an output size of the 1080p tier"):
         request_from_args(parser.parse_args(["--prompt", "p", "--tier", "1080p", "--output-height", "1000"]))
 

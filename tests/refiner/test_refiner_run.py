@@ -6,11 +6,11 @@ import av
 import numpy as np
 import pytest
 
-from magi2studio import runs
-from magi2studio.layouts import parse_layout
-from magi2studio.request import build_request
+from magi2studio.run_folder import runs
+from magi2studio.vocabulary.layouts import parse_layout
+from magi2studio.vocabulary.request import build_request
 from magi2studio.studio.results import timing_frame
-from magi2studio.timing import read_jsonl
+from magi2studio.engines.timing import read_jsonl
 
 PROMPT = "a red kite over a windy beach, waves and gulls"
 

@@ -1,6 +1,6 @@
 import pytest
 
-from magi2studio.request import build_request
+from magi2studio.vocabulary.request import build_request
 
 from pathlib import Path
 
@@ -9,11 +9,9 @@ SAMPLES = Path(__file__).resolve().parents[2] / "magi2studio" / "data" / "sandai
 
 @pytest.fixture(scope="package")
 def engine():
-    """One started in-process engine for this folder's tests, closed after them, so that the
-    process's torch.distributed world does not outlive them (upstream's topology checks in other
-    folders read it)."""
+    """One started engine (a pool of one rank) for this folder's tests, closed after them."""
     from magi2studio.engines import get_engine
-    from magi2studio.layouts import parse_layout
+    from magi2studio.vocabulary.layouts import parse_layout
 
     eng = get_engine("embedded")
     eng.start(parse_layout("sp1-cfg1"))

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
+from magi2studio.run_folder import runs
 from magi2studio.cli import main
 from magi2studio.errors import InputError
-from magi2studio.request import Request, build_request
-from magi2studio.samples import ENTRY_KEYS, load_sample_set
+from magi2studio.vocabulary.request import Request, build_request
+from magi2studio.reproduction.samples import ENTRY_KEYS, load_sample_set
 
 ONE_LINE = re.compile(r"^[^\n]+: [^\n]+\. Fix: [^\n]+$")
 ERROR_LINE = re.compile(r"^error: [^\n]+: [^\n]+\. Fix: [^\n]+$")
@@ -189,6 +190,18 @@ def attempt_manifest(folder: Path, pristine: bytes, edit) -> str:
     if code == 0 and not lines:
         return "accepted"
     return "refused" if code == 2 and len(lines) == 1 and ERROR_LINE.match(lines[0]) else "traceback"
+
+
+def made_before_run_ids(folder: Path, into: Path) -> Path:
+    """A copy of ``folder`` as magi2studio wrote run folders before their run id was the manifest's
+    digest: no ``run_id`` key in manifest.json and a random 6-hex id in the name. Its manifest's fields
+    are checked by their own rules only, which is what the manifest fuzz exercises."""
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    del manifest[runs.RUN_ID_KEY]
+    copy = into / f"{folder.name.rsplit('-', 1)[0]}-d8495a"
+    shutil.copytree(folder, copy)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    return copy
 
 
 def fresh(path: Path) -> Path:

@@ -8,10 +8,10 @@ from pathlib import Path
 import av
 import pytest
 
-from magi2studio import runs
+from magi2studio.run_folder import runs
 from magi2studio.errors import Cancelled, InputError
-from magi2studio.layouts import parse_layout
-from magi2studio.request import build_request
+from magi2studio.vocabulary.layouts import parse_layout
+from magi2studio.vocabulary.request import build_request
 
 from .conftest import SAMPLES
 
@@ -26,8 +26,16 @@ def test_tiny_checkpoint_is_in_the_released_layout_and_loads_through_upstream(en
         assert (root / relative).is_file(), relative
     index = json.loads((root / "preview" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) == 2
-    # Magi2PreviewTransformer.load_weights is strict: every tensor of the model was loaded.
-    assert engine.info()["loaded_weights"] == len(engine._pool.components.transformer.state_dict())
+    # Magi2PreviewTransformer.load_weights is strict: every tensor of the model was loaded (on the rank).
+    from magi2studio.engines.embedded import upstream_patches
+    from magi2studio.engines.embedded.components import load_transformer, read_tiny_config
+
+    upstream_patches.init_world_of_one()
+    try:
+        model, _ = load_transformer(read_tiny_config(root), root)
+    finally:
+        upstream_patches.destroy_parallel()
+    assert engine.info()["loaded_weights"] == {"rank0": len(model.state_dict())}
 
 
 def test_same_request_same_hashes_other_seed_other_hashes(engine, request_t2va, tmp_path):
@@ -69,8 +77,8 @@ def test_cancel_leaves_no_run_folder(engine, request_t2va, tmp_path):
 
 
 def test_engine_refuses_layouts_it_cannot_run_and_runs_every_tier(engine):
-    from magi2studio.layouts import Layout
-    from magi2studio.tiers import TIERS, get_tier
+    from magi2studio.vocabulary.layouts import Layout
+    from magi2studio.vocabulary.tiers import TIERS, get_tier
     assert all(reason is None for reason in engine.capabilities().tiers.values()) and "1080p" in TIERS
     engine.check_layout(LAYOUT, get_tier("1080p"))
     with pytest.raises(InputError, match="refiner KV groups"):

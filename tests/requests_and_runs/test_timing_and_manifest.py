@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from magi2studio import media
-from magi2studio.timing import StepRecord, gate_summary, slowest_rank_per_step
+from magi2studio.engines.timing import StepRecord, gate_summary, slowest_rank_per_step
 
 
 def test_gate_takes_slowest_rank_and_drops_steps_0_and_1():

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from magi2studio import runs
-from magi2studio.engines.base import Generation
-from magi2studio.layouts import parse_layout
-from magi2studio.request import build_request
-from magi2studio.scenes import Scene
+from magi2studio.run_folder import runs
+from magi2studio.engines.base import Generation, Plan
+from magi2studio.vocabulary.layouts import parse_layout
+from magi2studio.vocabulary.request import build_request
+from magi2studio.semantic.scenes import Scene
 
 
 def write_scene_run(scene: Scene, root: Path, *, caption: str | None = None, frames: np.ndarray | None = None,
@@ -28,7 +28,8 @@ def write_scene_run(scene: Scene, root: Path, *, caption: str | None = None, fra
     generation = Generation(frames=frames, audio=audio, fps=scene.fps, sample_rate=scene.sample_rate,
                             step_records=[], stage_ms={}, resolved={"steps": 1},
                             engine_info={"name": "scenes", "embedded": False})
-    return runs.write_run(root, build_request(**fields), parse_layout("sp1-cfg1"), generation, time.time()).path
+    plan = Plan(build_request(**fields), scene.tier, parse_layout("sp1-cfg1"), generation.resolved)
+    return runs.write_run(root, plan, generation, time.time()).path
 
 
 def save_first_frame(scene: Scene, path: Path) -> Path:

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from magi2studio import scenes
-from magi2studio.scenes import Facts, make_scene
-from magi2studio.score import FIRST_FRAME_MIN_PSNR_DB, analyse_audio, judge, observe, score_clip, score_run
+from magi2studio.semantic import scenes
+from magi2studio.semantic.scenes import Facts, make_scene
+from magi2studio.semantic.score import FIRST_FRAME_MIN_PSNR_DB, analyse_audio, judge, observe, score_clip, score_run
+from magi2studio.vocabulary.tiers import TIERS
 
 from .conftest import save_first_frame, write_scene_run
 
@@ -22,14 +23,14 @@ BY_MOTION = [scenes.HELD_OUT[i] for i in (8, 0, 19, 9, 3, 20)]
 @pytest.fixture(scope="module")
 def scene_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("scene-runs")
-    return [(facts, write_scene_run(make_scene(facts, "272p", 7), root)) for facts in BY_MOTION]
+    return [(facts, write_scene_run(make_scene(facts, TIERS["272p"], 7), root)) for facts in BY_MOTION]
 
 
 @pytest.fixture(scope="module")
 def clip():
     """A scene, its arrays and what the detectors made of them (observed once, judged often)."""
 
-    scene = make_scene(Facts("square", "blue", "right_to_left", "black", "low", True), "272p", 4)
+    scene = make_scene(Facts("square", "blue", "right_to_left", "black", "low", True), TIERS["272p"], 4)
     frames, audio = scene.frames(), scene.audio()
     return scene, frames, audio, observe(frames, audio, scene.fps, scene.sample_rate)
 
@@ -105,7 +106,7 @@ def test_an_empty_clip_or_noise_is_judged_not_crashed(clip):
 
 
 def test_i2va_first_frame_against_its_image_and_against_another(tmp_path):
-    scene = make_scene(Facts("circle", "orange", "up_and_down", "grey", "high", True), "272p", 2)
+    scene = make_scene(Facts("circle", "orange", "up_and_down", "grey", "high", True), TIERS["272p"], 2)
     own = write_scene_run(scene, tmp_path, image=save_first_frame(scene, tmp_path / "first.png"))
     good = score_run(own).verdict("first_frame")
     assert good.match and good.value >= FIRST_FRAME_MIN_PSNR_DB + 10, good.line()
@@ -117,13 +118,13 @@ def test_i2va_first_frame_against_its_image_and_against_another(tmp_path):
 
 
 def test_540p_scene_run_matches_its_caption(tmp_path):
-    scene = make_scene(scenes.HELD_OUT[10], "540p", 1)
+    scene = make_scene(scenes.HELD_OUT[10], TIERS["540p"], 1)
     result = score_run(write_scene_run(scene, tmp_path))
     assert result.all_match, "\n".join(v.line() for v in result.verdicts)
 
 
 @pytest.mark.slow
 def test_1080p_scene_matches_its_caption_at_25_fps():
-    scene = make_scene(scenes.HELD_OUT[5], "1080p", 1)
+    scene = make_scene(scenes.HELD_OUT[5], TIERS["1080p"], 1)
     result = score_clip(scene.facts, scene.frames(), scene.audio(), scene.fps, scene.sample_rate)
     assert result.all_match, "\n".join(v.line() for v in result.verdicts)

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from magi2studio import scenes
+from magi2studio.semantic import scenes
 from magi2studio.errors import InputError
 from magi2studio.media import frames_sha256, pcm_sha256
-from magi2studio.scenes import Facts, make_scene, parse_caption
-from magi2studio.tiers import AUDIO_CHANNELS, AUDIO_SAMPLE_RATE, TIERS
+from magi2studio.semantic.scenes import Facts, make_scene, parse_caption
+from magi2studio.vocabulary.tiers import AUDIO_CHANNELS, AUDIO_SAMPLE_RATE, TIERS
 
 PINNED = Facts("triangle", "orange", "top_to_bottom", "grey", "low", True)
 
@@ -32,7 +32,7 @@ def test_every_phrasing_of_every_combination_parses_back_to_its_facts():
 
 
 def test_same_seed_same_bits_other_seed_other_clip():
-    first, again, other = (make_scene(PINNED, "272p", seed) for seed in (11, 11, 12))
+    first, again, other = (make_scene(PINNED, TIERS["272p"], seed) for seed in (11, 11, 12))
     assert np.array_equal(first.frames(), again.frames()) and np.array_equal(first.audio(), again.audio())
     assert first.caption == again.caption and first.bounce_times == again.bounce_times
     assert not np.array_equal(first.frames(), other.frames())
@@ -45,7 +45,7 @@ def test_same_seed_same_bits_other_seed_other_clip():
 @pytest.mark.parametrize("tier_name", list(TIERS))
 def test_clips_come_at_the_tiers_real_size_rate_and_length(tier_name):
     tier = TIERS[tier_name]
-    scene = make_scene(scenes.HELD_OUT[0], tier_name, 3)
+    scene = make_scene(scenes.HELD_OUT[0], tier, 3)
     assert scene.fps == tier.fps and scene.centres.shape == (tier.frames, 2)
     first = next(scene.iter_frames())  # a whole 1080p clip is 1.5 GB; the first frame says the size
     assert first.shape == (tier.height, tier.width, 3) and first.dtype == np.uint8
@@ -56,7 +56,7 @@ def test_clips_come_at_the_tiers_real_size_rate_and_length(tier_name):
 
 
 def test_a_beep_starts_at_each_bounce_and_nowhere_else():
-    scene = make_scene(PINNED, "272p", 11)
+    scene = make_scene(PINNED, TIERS["272p"], 11)
     loud = np.nonzero(np.abs(scene.audio()[:, 0]) > 1e-4)[0]
     starts = loud[np.concatenate([[True], np.diff(loud) > 100])] / AUDIO_SAMPLE_RATE  # a sine has zeros in a beep
     assert len(starts) == len(scene.bounce_times)
@@ -65,7 +65,7 @@ def test_a_beep_starts_at_each_bounce_and_nowhere_else():
 
 def test_the_object_keeps_inside_the_frame_and_follows_its_path():
     for motion in scenes.MOTIONS:
-        scene = make_scene(Facts("square", "red", motion, "black", "high", True), "272p", 1)
+        scene = make_scene(Facts("square", "red", motion, "black", "high", True), TIERS["272p"], 1)
         x, y = scene.centres[:, 0] / scene.tier.width, scene.centres[:, 1] / scene.tier.height
         reach = 1.6 * scene.half_size
         assert (scene.centres[:, 0] - reach).min() >= 0 and (scene.centres[:, 0] + reach).max() <= scene.tier.width
@@ -90,9 +90,9 @@ def test_held_out_set_is_fixed_covers_every_value_and_is_never_drawn_for_trainin
     train = scenes.split_combinations("train")
     assert len(train) + len(scenes.HELD_OUT) == len(scenes.all_combinations())
     assert not any(scenes.is_held_out(f) for f in train)
-    drawn = [s.facts for s in itertools.islice(scenes.sample_scenes(5, "272p", "train"), 300)]
+    drawn = [s.facts for s in itertools.islice(scenes.sample_scenes(5, split="train"), 300)]
     assert not any(scenes.is_held_out(f) for f in drawn) and len(set(drawn)) > 150
-    assert {s.facts for s in itertools.islice(scenes.sample_scenes(5, "272p", "held_out"), 50)} <= set(scenes.HELD_OUT)
+    assert {s.facts for s in itertools.islice(scenes.sample_scenes(5, split="held_out"), 50)} <= set(scenes.HELD_OUT)
     with pytest.raises(InputError, match="^split: "):
         scenes.split_combinations("test")
 

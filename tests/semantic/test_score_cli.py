@@ -6,16 +6,17 @@ import json
 
 import pytest
 
-from magi2studio import scenes
+from magi2studio.semantic import scenes
 from magi2studio.cli import main
-from magi2studio.scenes import make_scene
+from magi2studio.semantic.scenes import make_scene
+from magi2studio.vocabulary.tiers import TIERS
 
 from .conftest import write_scene_run
 
 
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory):
-    return make_scene(scenes.HELD_OUT[1], "272p", 9)
+    return make_scene(scenes.HELD_OUT[1], TIERS["272p"], 9)
 
 
 def _score(capsys, *args):
@@ -60,11 +61,11 @@ def test_exit_2_for_a_folder_that_is_not_a_run(tmp_path, capsys):
 
 
 def test_the_random_weight_engine_run_is_judged_not_crashed(tmp_path, capsys):
-    from magi2studio import runs
+    from magi2studio.run_folder import runs
     from magi2studio.engines import get_engine
-    from magi2studio.layouts import parse_layout
-    from magi2studio.request import build_request
-    from magi2studio.score import score_run
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.request import build_request
+    from magi2studio.semantic.score import score_run
 
     engine = get_engine("embedded")
     layout = parse_layout("sp1-cfg1")

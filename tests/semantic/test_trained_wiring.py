@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import pytest
 
-from magi2studio import runs
+from magi2studio.run_folder import runs
 from magi2studio.determinism import apply_defaults
 from magi2studio.engines.embedded import EmbeddedEngine
-from magi2studio.layouts import parse_layout
+from magi2studio.vocabulary.layouts import parse_layout
 from magi2studio.media import decode_mp4
-from magi2studio.request import Request
-from magi2studio.scenes import HELD_OUT, PHRASINGS, caption_for, parse_caption
-from magi2studio.score import score_clip
+from magi2studio.vocabulary.request import Request
+from magi2studio.semantic.scenes import HELD_OUT, PHRASINGS, caption_for, parse_caption
+from magi2studio.semantic.score import score_clip
 
 pytestmark = pytest.mark.slow
 

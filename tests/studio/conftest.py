@@ -7,26 +7,19 @@ the others need the in-process context."""
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from studio_support import chromium_page
+from studio_support import chromium_page, free_port
 
 @dataclass
 class Studio:
     url: str
     ctx: Any
     outputs: Path | None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -40,14 +33,14 @@ def studio(tmp_path_factory) -> Studio:
     engine = get_engine("embedded")
     outputs = tmp_path_factory.mktemp("studio-outputs")
     demo, ctx = create_app(engine, outputs, max_waiting=20, preload="sp1-cfg1")
-    port = _free_port()
+    port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
                 **launch_options(ctx))
     try:
         yield Studio(f"http://127.0.0.1:{port}/", ctx, outputs)
     finally:
+        ctx.slot.close()  # first, as the studio command does: followers get their last update
         demo.close()
-        ctx.slot.close()
         engine.close()
         ctx.close()
 

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from magi2studio import cli, jobqueue, runs
+from magi2studio import cli
+from magi2studio.jobs import jobqueue
+from magi2studio.run_folder import runs
 from magi2studio.errors import InputError
-from magi2studio.jobqueue import JobQueue, RunnerLock
-from magi2studio.request import build_request
+from magi2studio.jobs.jobqueue import JobQueue
+from magi2studio.jobs.runner import RunnerLock, runner_alive
+from magi2studio.vocabulary.request import build_request
 from magi2studio.studio.session_state import run_folder_named
 from magi2studio.studio.slot import EngineSlot
 from studio_support import everything_under
@@ -73,12 +76,12 @@ def test_queue_list_says_when_a_running_jobs_runner_is_gone(tmp_path, capsys):
     queue.claim_next()
     lock = RunnerLock(tmp_path)
     try:
-        assert jobqueue.runner_alive(tmp_path)
+        assert runner_alive(tmp_path)
         assert cli.main(["queue", "list", "--out", str(tmp_path)]) == 0
         assert "runner is gone" not in capsys.readouterr().out
     finally:
         lock.release()
-    assert not jobqueue.runner_alive(tmp_path)  # as after a kill -9 of the runner
+    assert not runner_alive(tmp_path)  # as after a kill -9 of the runner
     assert cli.main(["queue", "list", "--out", str(tmp_path)]) == 0
     assert "running     " in (out := capsys.readouterr().out) and "its runner is gone: it is marked interrupted" in out
 
@@ -222,7 +225,7 @@ def test_a_queued_job_that_no_longer_plans_is_refused_at_load(studio, tmp_path):
     finally:
         slot.close()
     assert refused.message.startswith("image: ") and "does not exist. Fix: " in refused.message
-    assert everything_under(root) == {"queue.json", ".queue.lock", ".queue-runner.lock"}
+    assert everything_under(root) == {"queue.json", ".queue.lock"}  # a clean exit removes the runner lock
 
 
 # -- /?run=<folder> -----------------------------------------------------------------------------------
@@ -246,7 +249,7 @@ def test_the_run_opener_refuses_an_incomplete_folder_and_a_symlink_out(tmp_path)
 
 @pytest.mark.slow
 def test_the_run_opener_opens_a_run_folder(studio, tmp_path):
-    from magi2studio.layouts import parse_layout
+    from magi2studio.vocabulary.layouts import parse_layout
 
     folder = runs.execute(studio.ctx.engine, build_request(**REQUEST), parse_layout("sp1-cfg1"), tmp_path)
     assert run_folder_named(tmp_path, folder.path.name).path == folder.path
@@ -270,15 +273,15 @@ def _plan(steps: int, layout: str = "sp1-cfg1"):
     from types import MappingProxyType
 
     from magi2studio.engines.base import Plan
-    from magi2studio.layouts import parse_layout
-    from magi2studio.tiers import get_tier
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.tiers import get_tier
 
     request = build_request(**{**REQUEST, "steps": steps})
     return Plan(request, get_tier("272p"), parse_layout(layout), MappingProxyType({"steps": steps}))
 
 
 def test_the_eta_is_learned_per_stage_and_scales_with_steps(tmp_path):
-    from magi2studio.eta import RunHistory
+    from magi2studio.jobs.eta import RunHistory
 
     _past_run(tmp_path, "2026-a", steps=4, stage_ms={"encode": 1000, "preview": 4000, "mux": 500},
               engine_start_s=20.0)
@@ -295,8 +298,8 @@ def test_the_eta_is_learned_per_stage_and_scales_with_steps(tmp_path):
 
 def test_the_stage_clock_times_every_stage_and_gives_an_eta():
     from magi2studio.engines.base import Progress
-    from magi2studio.eta import Estimate
-    from magi2studio.studio.slot import StageClock
+    from magi2studio.jobs.eta import Estimate
+    from magi2studio.jobs.stage_clock import StageClock
 
     clock = StageClock(Estimate((("load", 20.0), ("encode", 2.0), ("preview", 8.0), ("mux", 1.0))), now=0.0)
     clock.on_event(Progress("load", message="starting the engine for layout sp1-cfg1"), now=0.0)

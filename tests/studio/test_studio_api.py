@@ -9,10 +9,10 @@ import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 
-from magi2studio import runs
+from magi2studio.run_folder import runs
 from magi2studio.errors import InputError
-from magi2studio.layouts import Layout, check_shape, parse_layout
-from magi2studio.request import MAX_PROMPT_FILE_BYTES, Request, build_request
+from magi2studio.vocabulary.layouts import Layout, check_shape, parse_layout
+from magi2studio.vocabulary.request import MAX_PROMPT_FILE_BYTES, Request, build_request
 
 from studio_support import FAST_STEPS, everything_under, generate_args
 
@@ -101,7 +101,7 @@ def test_a_custom_layout_that_breaks_a_rule_is_refused_in_the_vocabularys_words(
 
 
 def test_a_layout_the_engine_cannot_run_is_refused_with_the_engines_reason(studio):
-    from magi2studio.tiers import get_tier
+    from magi2studio.vocabulary.tiers import get_tier
 
     with pytest.raises(InputError) as engine:
         studio.ctx.engine.check_layout(Layout(8, 1), get_tier("272p"))

@@ -9,11 +9,11 @@ import pytest
 
 from magi2studio.engines.embedded.engine import EmbeddedEngine
 from magi2studio.errors import InputError
-from magi2studio.layouts import PRESETS, parse_layout
-from magi2studio.request import DRAWN_SEED_BOUND, RANDOM_SEED, Request, build_request
+from magi2studio.vocabulary.layouts import PRESETS, parse_layout
+from magi2studio.vocabulary.request import DRAWN_SEED_BOUND, RANDOM_SEED, Request, build_request
 from magi2studio.studio import form as F
 from magi2studio.studio import layout_picker as LP
-from magi2studio.tiers import TIERS
+from magi2studio.vocabulary.tiers import TIERS
 
 
 @pytest.fixture(scope="module")

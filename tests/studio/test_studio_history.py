@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from magi2studio.errors import InputError
-from magi2studio.runs import MANIFEST_VERSION, RUN_FILES
+from magi2studio.run_folder.runs import MANIFEST_VERSION, RUN_FILES
 from magi2studio.studio import history as H
 
 

@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from magi2studio import runs
-from studio_support import everything_under, generate_args
+from magi2studio.run_folder import runs
+from studio_support import everything_under, generate_args, wait_for_output
 
 CLIENTS = 16
-
-
-def wait_for_output(job, text: str, timeout_s: float = 60.0) -> None:
-    """Until one of the job's streamed outputs contains ``text``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(text in str(output) for output in job.outputs()):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no output containing {text!r} within {timeout_s} s: {job.outputs()[-1:]}")
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from magi2studio.studio.results import summary_frame, timing_frame
-from magi2studio.timing import gate_summary
+from magi2studio.engines.timing import gate_summary
 
 
 def records(ranks: int, steps: int) -> list[dict]:

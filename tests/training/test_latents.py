@@ -5,15 +5,16 @@ import pytest
 import torch
 
 from magi2studio.engines.embedded.components import TinyImageEncoder
-from magi2studio.scenes import HELD_OUT, PITCHES, make_scene
+from magi2studio.semantic.scenes import HELD_OUT, PITCHES, make_scene
 from magi2studio.training import latents as codes
+from magi2studio.vocabulary.tiers import TIERS
 
 STRIDE = 64
 
 
 @pytest.fixture(scope="module")
 def scene():
-    return make_scene(HELD_OUT[7], "272p", 3)  # a red square, top to bottom, grey, high beeps
+    return make_scene(HELD_OUT[7], TIERS["272p"], 3)  # a red square, top to bottom, grey, high beeps
 
 
 def test_decoded_frames_span_the_clip_and_latents_are_every_other_one():

@@ -6,6 +6,7 @@ import torch
 from magi2studio.errors import InputError
 from magi2studio.training import latents as codes
 from magi2studio.training import trainer
+from magi2studio.vocabulary.tiers import TIERS
 
 pytestmark = pytest.mark.slow
 
@@ -18,14 +19,14 @@ def setup(tmp_path_factory):
 
     config = trainer.trained_config()
     base = ensure_checkpoint(config, tmp_path_factory.mktemp("base"))
-    upstream_patches.hold_world_of_one()  # shared with an in-process engine another test may hold
+    upstream_patches.init_world_of_one()
     try:
         components = load_components(base)
         components.image_encoder.load_state_dict(codes.image_encoder_state(config.spatial_stride))
         settings = trainer.TrainSettings(scenes=3, decoder_steps=3, dit_steps=1, batch=2)
         yield config, base, components, trainer.make_examples(config, settings), settings
     finally:
-        upstream_patches.let_go_of_world_of_one()
+        upstream_patches.destroy_parallel()
 
 
 def test_the_training_decode_is_upstreams_decode(setup):
@@ -109,15 +110,15 @@ def test_the_set_audio_decoder_sounds_each_held_out_scene_s_pitch_at_its_bounces
     give the other pitch."""
     import math
 
-    from magi2studio.scenes import HELD_OUT, PITCHES, make_scene
-    from magi2studio.score import analyse_audio
+    from magi2studio.semantic.scenes import HELD_OUT, PITCHES, make_scene
+    from magi2studio.semantic.score import analyse_audio
 
     config, _, components, _, _ = setup
     assert codes.audio_pitches(config.audio_latent_fps) == PITCHES
     trainer.set_audio_decoder(components.audio_decoder)
     rate = config.audio_latent_fps * math.prod(config.audio_strides)
     for facts in [f for f in HELD_OUT if f.pitch == "low"][:2] + [f for f in HELD_OUT if f.pitch == "high"][:2]:
-        scene = make_scene(facts, "272p", 0)
+        scene = make_scene(facts, TIERS["272p"], 0)
         code = codes.encode_audio(scene, config.audio_latent_fps)
         with torch.no_grad():
             heard = analyse_audio(components.audio_decoder.decoder(code.T[None])[0].numpy().T, rate)

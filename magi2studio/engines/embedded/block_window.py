@@ -5,6 +5,9 @@ vLLM-Omni 0.30.0 has no refiner (upstream PR #8915), so this is our reading of S
 :func:`block_window_attention` gathers each query block's key box and computes only that;
 :func:`reference_mask` + :func:`masked_dense_attention` are the explicit-mask oracle it is
 tested against (``tests/refiner/test_block_window.py``).
+
+Just over 300 lines on purpose: the gathered attention and the explicit-mask oracle it is
+tested against stand side by side, and the refiner DiT that uses it is built here.
 """
 
 from __future__ import annotations

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ... import media
 from ...errors import InputError
-from ...request import Request
-from ...tiers import AUDIO_SAMPLE_RATE, Tier, get_tier
-from ...timing import stage
+from ...vocabulary.request import Request
+from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, Tier
+from ..timing import stage
 from .components import Components
 from .refiner import refiner_recipe, refiner_schedulers
 
@@ -39,6 +40,7 @@ class DriverOutput:
     audio: np.ndarray
     stage_ms: dict[str, float]
     negative_prompt_source: str
+    latents_sha256: str  # media.latents_sha256 of the sampler's final video and audio latents
 
 
 class _Stages:
@@ -224,7 +226,7 @@ class EmbeddedDriver:
         from vllm_omni.diffusion.models.magi2.sampler_magi2 import build_magi2_preview_schedulers
 
         stages = _Stages(on_stage)
-        preview_tier = get_tier(tier.preview) if tier.refined else tier
+        preview_tier = tier.preview_tier
         _seed_request(request.seed)
         prompt = request.prompt
         ref_feat = ref_len = special = None
@@ -256,9 +258,11 @@ class EmbeddedDriver:
             audio = stages.run("decode_audio", self.decode_audio, audio_latent, tier.seconds)
             latent = stages.run("refiner", self.refine, latent, audio_latent, context, context_null,
                                 refiner_steps or tier.refiner_steps, tier)
+        latents = media.latents_sha256(latent.float().cpu().numpy(), audio_latent.float().cpu().numpy())
+        if tier.refined:
             frames = stages.run("decode_video", self.decode_refined_video, latent, width, height, tier.frames)
         else:
             frames = stages.run("decode_video", self.decode_video, latent, tier)
             audio = stages.run("decode_audio", self.decode_audio, audio_latent, tier.seconds)
         return DriverOutput(frames, audio, stages.ms,
-                            "request" if request.negative_prompt else "upstream DEFAULT_NEGATIVE_PROMPT")
+                            "request" if request.negative_prompt else "upstream DEFAULT_NEGATIVE_PROMPT", latents)

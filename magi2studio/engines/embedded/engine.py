@@ -15,12 +15,12 @@ from pathlib import Path
 
 from ... import determinism
 from ...errors import Cancelled, EngineError, InputError
-from ...layouts import Layout, check_shape
-from ...request import Request, output_size
-from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
+from ...vocabulary.layouts import Layout, check_shape
+from ...vocabulary.request import Request, output_size
+from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .components import STAND_INS
-from .rank import InProcessPool, Job, StageStarted, StepFinished
+from .rank import Job, StageStarted, StepFinished
 from .pool import RankPool
 from .tiny import TinyConfig
 from .tiny_weights import RANDOM, TRAINED, TRAINED_SHA256, checkpoint_folder, requested_weights, tree_sha256
@@ -46,7 +46,7 @@ class EmbeddedEngine(Engine):
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root else None
         self.rank_timeout_s = rank_timeout_s if rank_timeout_s is not None else step_timeout_s()
         self._layout: Layout | None = None
-        self._pool: InProcessPool | RankPool | None = None  # world 1 runs in this process
+        self._pool: RankPool | None = None
         self._lock = threading.Lock()
 
     # -- what it can do -----------------------------------------------------------------------
@@ -66,8 +66,8 @@ class EmbeddedEngine(Engine):
                 "embedded: vLLM-Omni 0.30.0's MAGI-2 transformer, data proxy and sampler at a tiny "
                 f"config with {self.weights_note}; outputs are not the real model's",
                 "static/dynamic compile costs about 100 s of Inductor codegen on the first run",
-                f"layouts up to {MAX_RANKS} ranks run as a pool of processes on upstream's parallel groups "
-                "(gloo on CPU, NCCL with CUDA)",
+                f"layouts up to {MAX_RANKS} ranks, world 1 included, run as a pool of processes on upstream's "
+                "parallel groups (gloo on CPU, NCCL with CUDA; world 1 on the CPU)",
                 "1080p: the 540p preview, then a tiny dense refiner DiT with block-window attention "
                 f"({self.config.default_refiner_steps} steps by default), decoded to 1920x1088 x 249 frames at 25 fps",
             ],
@@ -118,15 +118,13 @@ class EmbeddedEngine(Engine):
                     return False
                 log.warning("restarting the %s ranks before the run: %s", layout.name, problem)
             self._stop()
-            root = self._checkpoint()
-            if layout.world_size == 1:
-                self._pool = InProcessPool(root)
-            else:
-                self._pool = RankPool(layout, root, rank_timeout_s=self.rank_timeout_s)
+            self._pool = RankPool(layout, self.checkpoint(), rank_timeout_s=self.rank_timeout_s)
             self._layout = layout
             return True
 
-    def _checkpoint(self) -> Path:
+    def checkpoint(self) -> Path:
+        """The checkpoint folder the ranks load: the weights' folder, or the generated one (made once)."""
+
         if self._weights_folder is not None:
             return self._weights_folder
         from .checkpoint import ensure_checkpoint
@@ -164,7 +162,7 @@ class EmbeddedEngine(Engine):
     def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict:
         """Steps, refiner steps (refined tiers only), output size, compile mode, deterministic."""
 
-        width, height = output_size(request)
+        width, height = output_size(request, tier)
         refiner_steps = (request.refiner_steps or self.config.default_refiner_steps) if tier.refined else None
         return {"steps": request.steps or self.config.default_steps, "refiner_steps": refiner_steps,
                 "output_size": f"{width}x{height}", "compile": request.compile or "eager",
@@ -204,6 +202,7 @@ class EmbeddedEngine(Engine):
             stage_ms=result.stage_ms,
             resolved=_as_run(plan, result.negative_prompt_source),
             engine_info={**self.info(), **pool.run_info()},
+            latents_sha256=result.latents_sha256,
         )
 
     def info(self) -> dict:
@@ -229,4 +228,5 @@ def _as_run(plan: Plan, negative_prompt_source: str) -> dict:
     settings = dict(plan.resolved)
     deterministic = settings.pop("deterministic")
     return {**settings, "negative_prompt": negative_prompt_source, "deterministic": deterministic,
-            "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None}}
+            "deterministic_env": {k: v for k, v in determinism.recorded().items() if v is not None},
+            **({"layout_invariant_products": determinism.LAYOUT_INVARIANT_PRODUCTS} if deterministic else {})}

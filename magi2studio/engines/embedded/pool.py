@@ -1,11 +1,12 @@
-"""A persistent pool of ranks for one parallel layout of the embedded engine.
+"""A persistent pool of ranks for one layout of the embedded engine, world 1 included.
 
 Each rank is a spawned process that initializes upstream's distributed environment and
 MAGI-2 groups (``upstream_patches.init_parallel``), loads the tiny checkpoint (the
 transformer's ``load_weights`` keeps this rank's MoE heads), and runs each job with
-:func:`.rank.run_job` (in :func:`.rank.rank_main`), the body the in-process pool of one runs
-too. Upstream's own code spreads the work: the sequence dispatcher and Ulysses all-to-alls,
-head-sharded MoE, CFG-parallel.
+:func:`.rank.run_job` (in :func:`.rank.rank_main`). Upstream's own code spreads the work: the
+sequence dispatcher and Ulysses all-to-alls, head-sharded MoE, CFG-parallel. World 1 is a pool
+of one such process, so that a hung run never stops the studio's process and the same
+watchdog reports it.
 
 Every rank reports each finished step to the parent (the events of :mod:`.rank`); rank 0 also
 reports stages and returns the frames and audio. Cancellation is a collective: at each step boundary every rank
@@ -13,7 +14,8 @@ all-reduces (MAX) whether it has seen the shared cancel flag, so all stop at the
 A rank that exits, raises or goes silent (the step watchdog: no step boundary for
 ``rank_timeout_s``, see :func:`magi2studio.engines.base.step_timeout_s`) ends the run with an
 :class:`EngineError` naming the rank and the step, and the pool is torn down (the next run
-starts a fresh one). :meth:`RankPool.health` checks idle ranks before a run.
+starts a fresh one). The silent rank is the one that got least far (the others wait on it in a
+collective), or one the OS shows stopped. :meth:`RankPool.health` checks idle ranks before a run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import Cancelled, EngineError
-from ...layouts import Layout
+from ...vocabulary.layouts import Layout
 from ...platform import current_platform
 from .rank import (
     Job,
@@ -42,7 +44,7 @@ from .rank import (
     rank_main,
 )
 
-STARTUP_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_S = 300.0  # the start limit: every rank loaded and ready
 
 
 class RankPool:
@@ -55,7 +57,9 @@ class RankPool:
 
         self.layout = layout
         self.rank_timeout_s = rank_timeout_s
-        self.backend = current_platform.dist_backend
+        # World 1 stays on the CPU, where it ran inside the engine's process before it had a
+        # process of its own: its hashes are those of every earlier one-process run.
+        self.backend = current_platform.dist_backend if layout.world_size > 1 else "gloo"
         context = mp.get_context("spawn")
         self._events = context.Queue()
         self._cancel = context.Event()
@@ -78,12 +82,16 @@ class RankPool:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while len(ready) < layout.world_size:
                 event = self._next_event(deadline, "starting", {})
+                if event is None:
+                    waiting = [rank for rank in range(layout.world_size) if rank not in ready]
+                    raise EngineError(f"{_ranks(waiting)} of layout {layout.name} did not start within the "
+                                      f"{STARTUP_TIMEOUT_S:g} s start limit; the ranks were killed")
                 if isinstance(event, RankReady):
                     ready[event.rank] = event.loaded_weights
                 elif isinstance(event, RankFailed):
                     raise EngineError(f"rank {event.rank} failed to start layout {layout.name}:\n{event.traceback}")
         except BaseException:
-            self.close()
+            self.close(grace_s=0.0)
             raise
 
     @property
@@ -96,20 +104,13 @@ class RankPool:
         for rank, proc in enumerate(self._procs):
             if proc.exitcode is not None:
                 return f"rank {rank} exited (code {proc.exitcode}) while idle"
-            try:
-                with open(f"/proc/{proc.pid}/stat", encoding="ascii") as file:
-                    state = file.read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue  # no /proc here: the exit code is all there is to check
+            state = _process_state(proc.pid)
             if state in ("T", "t", "Z", "X"):
                 return f"rank {rank} is {'stopped' if state in 'Tt' else 'gone'} (state {state}) while idle"
         return None
 
-    def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int, str]],
-                    passed: dict[int, int] | None = None) -> RankEvent:
-        """The next event from any rank; raise EngineError on a dead or silent rank."""
-
-        passed = passed if passed is not None else {}
+    def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int, str]]) -> RankEvent | None:
+        """The next event from any rank, or None past ``deadline``; raise EngineError on a dead rank."""
 
         while True:
             try:
@@ -122,14 +123,30 @@ class RankPool:
                         f"rank {rank} of layout {self.layout.name} exited (code {proc.exitcode}) while {phase}"
                         + _at_step(rank, last_step))
             if time.monotonic() > deadline:
-                # The ranks that passed the fewest step boundaries hold the others in a collective.
-                least = min(passed.get(r, -1) for r in range(len(self._procs)))
-                behind = [r for r in range(len(self._procs)) if passed.get(r, -1) == least]
-                who = f"rank {behind[0]}" if len(behind) == 1 else "ranks " + ", ".join(map(str, behind))
-                raise EngineError(
-                    f"{who} of layout {self.layout.name} made no progress for {self.rank_timeout_s:g} s while "
-                    f"{phase}" + _at_step(behind[0], last_step) + "; the ranks were killed and the next run starts "
-                    "fresh ones (the step watchdog, $MAGI2STUDIO_STEP_TIMEOUT_S)")
+                return None
+
+    def _stalled(self, marks: dict[int, tuple[int, int]], last_step: dict[int, tuple[int, int, str]]) -> EngineError:
+        """The step watchdog's report: the rank that stalled, which the others wait on.
+
+        A rank the OS shows stopped is the one. Else it is the rank that got least far: the
+        fewest step boundaries passed, then the fewest steps finished (``marks``, counted over
+        every stage), since a rank that finished a step waits at its boundary for the others.
+        """
+
+        ranks = range(len(self._procs))
+        stopped = [rank for rank in ranks if _process_state(self._procs[rank].pid) in ("T", "t")]
+        if stopped:
+            stalled, why = stopped, ": stopped (state T)"
+        else:
+            least = min(marks.get(rank, (0, 0)) for rank in ranks)
+            stalled, why = [rank for rank in ranks if marks.get(rank, (0, 0)) == least], ""
+        waiting = [rank for rank in ranks if rank not in stalled]
+        if waiting:
+            why += f", {_ranks(waiting)} waiting on it" if len(stalled) == 1 else f", {_ranks(waiting)} waiting"
+        return EngineError(
+            f"{_ranks(stalled)} of layout {self.layout.name} made no progress for {self.rank_timeout_s:g} s while "
+            f"running" + _at_step(stalled[0], last_step) + why + "; the ranks were killed and the next run starts "
+            "fresh ones (the step watchdog, $MAGI2STUDIO_STEP_TIMEOUT_S)")
 
     def _blame_dead_rank(self, failed: int, last_step: dict[int, tuple[int, int, str]], wait_s: float = 2.0) -> None:
         """A collective error on one rank is often another rank's death: name the dead one."""
@@ -163,15 +180,19 @@ class RankPool:
         done: dict[int, RankDone] = {}
         cancelled: dict[int, str] = {}
         last_step: dict[int, tuple[int, int, str]] = {}
-        passed: dict[int, int] = {}
+        marks: dict[int, tuple[int, int]] = {}  # per rank: step boundaries passed, steps finished
         try:
             deadline = time.monotonic() + self.rank_timeout_s
             while len(done) + len(cancelled) < len(self._procs):
                 if cancel is not None and cancel.is_set():
                     self._cancel.set()
-                event = self._next_event(deadline, "running", last_step, passed)
+                event = self._next_event(deadline, "running", last_step)
+                if event is None:
+                    raise self._stalled(marks, last_step)
                 deadline = time.monotonic() + self.rank_timeout_s
+                passed, finished = marks.get(event.rank, (0, 0))
                 if isinstance(event, StepFinished):
+                    marks[event.rank] = (passed, finished + 1)
                     last_step[event.rank] = (event.index, event.total, event.stage)
                     if event.rank == 0:
                         on_event(event)
@@ -179,7 +200,7 @@ class RankPool:
                             self._cancel.set()
                         self._acks.put(event.index)
                 elif isinstance(event, StepPassed):
-                    passed[event.rank] = event.index
+                    marks[event.rank] = (passed + 1, finished)
                 elif isinstance(event, StageStarted):
                     on_event(event)
                 elif isinstance(event, RankDone):
@@ -191,17 +212,18 @@ class RankPool:
                     raise EngineError(f"rank {event.rank} of layout {self.layout.name} failed"
                                       + _at_step(event.rank, last_step) + f":\n{event.traceback}")
         except BaseException:
-            self.close()
+            self.close(grace_s=0.0)  # the ranks are dead, stuck or in a broken collective
             raise
         if cancelled:
             if done:  # some ranks finished while others stopped: the collective broke
-                self.close()
+                self.close(grace_s=0.0)
                 raise EngineError(f"ranks {sorted(cancelled)} stopped but {sorted(done)} finished; "
                                   "the pool was stopped")
             raise Cancelled(cancelled[min(cancelled)])
         records = [record for rank in sorted(done) for record in done[rank].step_records]
         out = done[0].output
-        return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records)
+        return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records,
+                         out.latents_sha256)
 
     def close(self, grace_s: float = 5.0) -> None:
         """Stop every rank: ask, then terminate, then kill; leave no process behind."""
@@ -219,7 +241,7 @@ class RankPool:
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         for proc in self._procs:
-            if proc.exitcode is None:
+            if proc.exitcode is None and _process_state(proc.pid) not in ("T", "t"):  # stopped: only SIGKILL acts
                 proc.terminate()
                 proc.join(2.0)
             if proc.exitcode is None:
@@ -229,6 +251,20 @@ class RankPool:
             handle.cancel_join_thread()
             handle.close()
         self._procs = []
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _process_state(pid: int) -> str | None:
+    """The OS's one-letter state of a process (R, S, D, T, Z, ...), or None where /proc has none."""
+
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as file:
+            return file.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
 
 
 def _at_step(rank: int, last_step: dict[int, tuple[int, int, str]]) -> str:

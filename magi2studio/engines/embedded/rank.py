@@ -2,10 +2,8 @@
 
 A :class:`Job` is a plan's request, tier and resolved settings. :func:`run_job` is the one
 per-job body (compile, deterministic, VAE patch-parallel, step timer, driver). It runs in
-:func:`rank_main`, the process of each rank of a :class:`~.pool.RankPool`, and in the
-:class:`InProcessPool` (world 1: a pool of one, run in this process). The events are what a
-rank tells its parent while it runs; :meth:`InProcessPool.run` sends the parent the same step
-and stage events a pool's rank 0 does.
+:func:`rank_main`, the process of each rank of a :class:`~.pool.RankPool` (world 1 too). The
+events are what a rank tells its parent while it runs.
 """
 
 from __future__ import annotations
@@ -23,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from ...errors import Cancelled
-from ...request import Request, output_size
-from ...tiers import Tier
-from ...timing import StepTimer, active, install_step_hooks
+from ...vocabulary.request import Request, output_size
+from ...vocabulary.tiers import Tier
+from ..timing import StepTimer, active, install_step_hooks
 from . import upstream_patches
 from .components import load_components
 from .driver import DriverOutput, EmbeddedDriver, prepare_compile
@@ -59,6 +57,7 @@ class JobResult:
     stage_ms: dict[str, float]
     negative_prompt_source: str
     step_records: list[dict]
+    latents_sha256: str | None = None
 
 
 # -- what a rank tells its parent ----------------------------------------------------------------
@@ -138,7 +137,7 @@ def run_job(driver: EmbeddedDriver, job: Job, *, rank: int, world_size: int,
     timer = StepTimer(stage="preview", rank=rank, on_step=on_step)
     with active(timer):
         out = driver.run(job.request, job.tier, job.steps, job.refiner_steps, on_stage=on_stage,
-                         output_size=output_size(job.request))
+                         output_size=output_size(job.request, job.tier))
     return out, [record.as_dict() for record in timer.records]
 
 
@@ -162,11 +161,23 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(1.0)
 
 
+def _bars_with_a_thread_lock() -> None:
+    """tqdm's bars (vLLM's weight loader draws one) share a multiprocessing lock, which in a
+    spawned process is a named semaphore that only a clean exit unlinks. A rank killed by the
+    watchdog, by ``close`` after its grace or at the parent's exit left it behind, and the
+    parent's exit warned "N leaked semaphore objects". A rank's bars need only a thread lock."""
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+
+
 def rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, checkpoint: str, parent_pid: int,
               jobs, events, cancel_flag, acks) -> None:
     """One rank: set up upstream's groups and the components, then run jobs until told to stop."""
 
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    _bars_with_a_thread_lock()
     try:
         sp, cfg = layout
         if backend == "nccl":
@@ -227,47 +238,3 @@ def _fail(mode: str, rank: int, step: int) -> None:
         raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV})")
     os._exit(17)
 
-
-class InProcessPool:
-    """World 1: a pool of one rank, run in this process on the process's world-1 groups.
-
-    It holds upstream's world-1 groups (:func:`upstream_patches.hold_world_of_one`) while open;
-    an error in a run propagates as raised and leaves the pool usable.
-    """
-
-    def __init__(self, checkpoint: Path) -> None:
-        upstream_patches.hold_world_of_one()
-        try:
-            self.driver = load_driver(checkpoint)
-        except BaseException:
-            upstream_patches.let_go_of_world_of_one()
-            raise
-        self.components = self.driver.c
-        self.alive = True
-
-    def health(self) -> str | None:
-        return None
-
-    def info(self) -> dict:
-        return {"checkpoint": str(self.components.root), "loaded_weights": self.components.loaded_weights}
-
-    def run_info(self) -> dict:
-        """What a run records beyond :meth:`info`: nothing (no ranks, no process group of its own)."""
-
-        return {}
-
-    def run(self, job: Job, on_event: Callable[[StageStarted | StepFinished], None],
-            cancel: threading.Event | None) -> JobResult:
-        def on_step(stage: str, index: int, total: int) -> None:
-            on_event(StepFinished(0, stage, index, total))
-            if cancel is not None and cancel.is_set():
-                raise stopped_at(stage, index, total)
-
-        out, records = run_job(self.driver, job, rank=0, world_size=1, on_step=on_step,
-                               on_stage=lambda name: on_event(StageStarted(0, name)))
-        return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records)
-
-    def close(self) -> None:
-        if self.alive:
-            self.alive = False
-            upstream_patches.let_go_of_world_of_one()  # the last holder releases the process's world

@@ -16,8 +16,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+
+from .exact_products import LayoutInvariantProducts
 
 PATCHED = ("vllm_omni.platforms.interface.UnspecifiedOmniPlatform.get_device_count",
            "vllm_omni.platforms.interface.UnspecifiedOmniPlatform.set_device")
@@ -105,29 +105,12 @@ def init_parallel(*, world_size: int, rank: int, port: int, ulysses_degree: int,
         raise
 
 
-_world_of_one_holders = 0  # in-process engines and trainers sharing this process's world-1 groups
+def init_world_of_one() -> None:
+    """Upstream's world-1 groups for model code run in this process (the trainer, tests of the
+    components); :func:`destroy_parallel` releases them. Engines never hold them here: every
+    layout's ranks, world 1 included, are processes of their own (``pool.RankPool``)."""
 
-
-def hold_world_of_one() -> None:
-    """Upstream's world-1 groups for model code run in this process (the in-process engine, the trainer).
-
-    torch.distributed has one default group a process, so they share it: the first holder makes it,
-    the last one to let go releases it.
-    """
-
-    global _world_of_one_holders
-    if _world_of_one_holders == 0:
-        init_parallel(world_size=1, rank=0, port=free_port(), ulysses_degree=1, cfg_parallel_size=1)
-    _world_of_one_holders += 1
-
-
-def let_go_of_world_of_one() -> None:
-    global _world_of_one_holders
-    if _world_of_one_holders == 0:
-        return
-    _world_of_one_holders -= 1
-    if _world_of_one_holders == 0:
-        destroy_parallel()
+    init_parallel(world_size=1, rank=0, port=free_port(), ulysses_degree=1, cfg_parallel_size=1)
 
 
 def destroy_parallel() -> None:
@@ -140,36 +123,13 @@ def destroy_parallel() -> None:
         dist.destroy_process_group()
 
 
-class Float64Matmuls(TorchFunctionMode):
-    """fp32 matrix products accumulated in fp64, then rounded back to fp32.
-
-    A layout changes the row counts of the DiT's GEMMs (one process packs both CFG branches
-    in one sequence, CFG2 gives each its own, SP splits the tokens), and BLAS picks its
-    blocking by shape, so fp32 sums run in other orders. In fp64 the order moves a sum by
-    about 1e-16 relative, which rounding to fp32 almost never shows: with it every layout
-    gives one process's hashes (tests/layouts). fp64 on the CPU costs about 2x per product.
-    """
-
-    PRODUCTS = frozenset({F.linear, torch.matmul, torch.Tensor.__matmul__, torch.mm, torch.bmm, torch.einsum})
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in self.PRODUCTS and "out" not in kwargs:
-            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-            if len(tensors) >= 2 and all(t.dtype == torch.float32 for t in tensors):
-                def up(value):
-                    return value.double() if isinstance(value, torch.Tensor) else value
-
-                return func(*map(up, args), **{k: up(v) for k, v in kwargs.items()}).float()
-        return func(*args, **kwargs)
-
-
 _layout_invariant = False
 
 
 def set_deterministic(enabled: bool) -> None:
     """What the MAGI-2 pipeline does at construction (warn-only, process-wide), and, because a
-    deterministic run must not depend on the layout, fp64-accumulated products while sampling."""
+    deterministic run must not depend on the layout, layout-invariant products while sampling
+    (:class:`.exact_products.LayoutInvariantProducts`)."""
 
     global _layout_invariant
     torch.use_deterministic_algorithms(enabled, warn_only=True)
@@ -186,7 +146,7 @@ def _wrap_sample_once() -> None:
 
     @functools.wraps(original)
     def sample(self, *args, **kwargs):
-        with Float64Matmuls() if _layout_invariant else contextlib.nullcontext():
+        with LayoutInvariantProducts() if _layout_invariant else contextlib.nullcontext():
             return original(self, *args, **kwargs)
 
     sample._magi2studio_layout_invariant = True

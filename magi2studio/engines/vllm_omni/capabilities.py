@@ -2,7 +2,7 @@
 
 Every answer comes from upstream's own objects: the resolution presets the pipeline
 resolves, its topology validator run on real ``OmniDiffusionConfig`` objects (expert
-parallel, worker counts; asked through :mod:`magi2studio.topology`), the pipeline's modules
+parallel, worker counts; asked through :mod:`magi2studio.vocabulary.topology`), the pipeline's modules
 (a refiner), and the signature of the preview evaluation (whether guidance scales and the
 negative prompt can be passed per request). The studio greys out, and ``doctor`` explains, whatever is refused here.
 """
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from typing import Any
 
-from ...topology import probe, upstream_rules
+from ...vocabulary.topology import probe, upstream_rules
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ... import determinism, test_checkpoint
+from ... import determinism
+from .. import test_checkpoint
 from ...errors import InputError
-from ...layouts import Layout, rules_for_real_model
-from ...metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
+from ...vocabulary.layouts import Layout, rules_for_real_model
+from ..metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
 from ...platform import current_platform
-from ...request import Request
-from ...tiers import TIERS, Tier, get_tier
+from ...vocabulary.request import Request
+from ...vocabulary.tiers import TIERS, Tier
 from ...weights import check_weights, resolve_root
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .capabilities import detect, tier_refusal
@@ -104,7 +105,7 @@ class VllmOmniEngine(Engine):
         if layout == self._layout:
             return False
         self.close()
-        self._check_weights(get_tier("272p").name)
+        self._check_weights("272p")
         self._layout = layout
         return True
 
@@ -154,7 +155,7 @@ class VllmOmniEngine(Engine):
         request, tier, layout = plan.request, plan.tier, self._layout
         if layout is None:
             raise InputError("layout", "no layout was selected for the vllm-omni engine",
-                             "call start(layout) first (magi2studio.runs.execute does)")
+                             "call start(layout) first (magi2studio.run_folder.runs.execute does)")
         options = params.start_options(request, layout, tier, current_platform.name)
         if on_progress is not None:
             on_progress(Progress("load", message=f"vLLM-Omni for {layout.name}"))

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import InputError
-from ...layouts import Layout, check_shape
-from ...request import Request, output_size
-from ...tiers import Tier, get_tier
-from ...topology import refusal as topology_refusal
+from ...vocabulary.layouts import Layout, check_shape
+from ...vocabulary.request import Request, output_size
+from ...vocabulary.tiers import Tier, get_tier
+from ...vocabulary.topology import refusal as topology_refusal
 from .capabilities import UpstreamCapabilities, tier_refusal
 
 COMPILE_MODES = ("static", "dynamic", "eager")
@@ -136,7 +136,7 @@ def sampling_params(request: Request, tier: Tier, caps: UpstreamCapabilities):
     extra = {"resolution": tier.name, "seconds": tier.seconds, "deterministic": request.deterministic}
     if request.output_width is not None or request.output_height is not None:
         # Upstream resizes the generated clip when given both (it refuses one alone).
-        extra["output_width"], extra["output_height"] = output_size(request)
+        extra["output_width"], extra["output_height"] = output_size(request, tier)
     return OmniDiffusionSamplingParams(
         seed=request.seed,
         num_inference_steps=request.steps or caps.default_steps,

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EngineError, InputError
-from ...layouts import Layout, parse_layout, rules_for_real_model
+from ...vocabulary.layouts import Layout, parse_layout, rules_for_real_model
 from ...media import decode_mp4
-from ...metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, step_offsets
-from ...request import Request
-from ...tiers import AUDIO_SAMPLE_RATE, TIERS, Tier, get_tier
+from ..metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, step_offsets
+from ...vocabulary.request import Request
+from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ...weights import resolve_root
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback
 from . import params
@@ -76,7 +76,7 @@ class VllmOmniServerEngine(Engine):
 
     def _command_hint(self, layout: Layout | None = None) -> str:
         layout = layout or self._layout or self.server_layout or Layout(4, 2)
-        return serve_command(layout, get_tier("272p"), model=self.model_path, port=self.port,
+        return serve_command(layout, TIERS["272p"], model=self.model_path, port=self.port,
                              compile_mode=self.server_compile,
                              metrics_dir=str(self.metrics_dir) if self.metrics_dir else None)
 
@@ -108,10 +108,10 @@ class VllmOmniServerEngine(Engine):
         params.check_layout(layout, tier, detect())
         fixed = self.server_layout or self._layout
         if fixed is not None and layout != fixed:
-            self._layout_refusal(layout, fixed, tier)
+            self._layout_refusal(layout, fixed)
         return warnings
 
-    def _layout_refusal(self, layout: Layout, fixed: Layout, tier: Tier) -> None:
+    def _layout_refusal(self, layout: Layout, fixed: Layout) -> None:
         how = "was declared as" if self.server_layout is not None else "was started here as"
         raise InputError("layout", f"the vLLM-Omni server at {self.server_url} {how} {fixed.name} and its layout is "
                          f"fixed at launch, so {layout.name} cannot run there",
@@ -128,7 +128,7 @@ class VllmOmniServerEngine(Engine):
 
         fixed = self.server_layout or self._layout
         if fixed is not None and layout != fixed:
-            self._layout_refusal(layout, fixed, get_tier("272p"))
+            self._layout_refusal(layout, fixed)
         self._server_models = self.probe()
         changed = self._layout is None
         self._layout = layout
@@ -157,7 +157,7 @@ class VllmOmniServerEngine(Engine):
         caps = detect()
         if self._layout is None:
             raise InputError("layout", "no layout was selected for the vllm-omni-server engine",
-                             "call start(layout) first (magi2studio.runs.execute does)")
+                             "call start(layout) first (magi2studio.run_folder.runs.execute does)")
         fields, files = form_fields(plan.request, plan.tier)
         offsets = step_offsets(self.metrics_dir) if self.metrics_dir else {}
         follower = None

@@ -18,9 +18,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ...errors import Cancelled, EngineError, InputError
-from ...layouts import Layout
-from ...request import Request
-from ...tiers import Tier
+from ...vocabulary.layouts import Layout
+from ...vocabulary.request import Request
+from ...vocabulary.tiers import Tier
 from ..base import Progress, ProgressCallback
 from . import params
 from .capabilities import detect

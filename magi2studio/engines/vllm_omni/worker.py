@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import Cancelled, EngineError
-from ...metrics_folder import (
+from ..metrics_folder import (
     PROGRESS_FILE,
     ProgressFollower,
     kernels_file,
@@ -24,7 +24,7 @@ from ...metrics_folder import (
     step_offsets,
     test_checkpoint_file,
 )
-from ...request import build_request
+from ...vocabulary.request import build_request
 from .capabilities import detect
 from .output import map_output
 from .params import StartOptions, check_request, omni_kwargs, prompt, sampling_params

@@ -1,0 +1,132 @@
+"""The one runner of an outputs root's queue (the studio, or ``magi2studio queue run``): its lock, and one job run.
+
+:class:`RunnerLock` is held for the runner's lifetime; :func:`execute_job` runs one claimed job's plan into a
+run folder and tells how it ended; :func:`plan_record` plans a stored job again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .jobqueue import RUNNER_LOCK_FILE, JobRecord
+
+class RunnerLock:
+    """Held by the one process that runs the queue's jobs; the OS lets go of it if that process dies
+    (the file stays then, unlocked, and the next runner takes it). A clean release removes the file."""
+
+    def __init__(self, outputs_root: Path) -> None:
+        root = Path(outputs_root)
+        root.mkdir(parents=True, exist_ok=True)
+        self._path = root / RUNNER_LOCK_FILE
+        while True:
+            self._file = open(self._path, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._file.seek(0)
+                holder = self._file.read().strip() or "another process"
+                self._file.close()
+                raise InputError("out", f"{root} is already served by {holder}",
+                                 "stop that studio or queue runner, or give this one another --out folder "
+                                 "(magi2studio queue add still works beside it)") from None
+            if self._is_the_file_at_path():
+                break
+            self._file.close()  # a runner that released meanwhile removed this file: lock the one there now
+        self._file.truncate(0)
+        self._file.write(f"pid {os.getpid()}\n")
+        self._file.flush()
+
+    def _is_the_file_at_path(self) -> bool:
+        try:
+            return os.stat(self._path).st_ino == os.fstat(self._file.fileno()).st_ino
+        except FileNotFoundError:
+            return False
+
+    def release(self) -> None:
+        if not self._file.closed:
+            if self._is_the_file_at_path():
+                self._path.unlink()  # still locked: no other runner can hold this file now
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+
+
+def runner_alive(outputs_root: Path) -> bool:
+    """Whether a process holds the root's :class:`RunnerLock` now (a ``running`` job is only running then)."""
+    path = Path(outputs_root) / RUNNER_LOCK_FILE
+    if not path.is_file():
+        return False
+    with open(path, encoding="utf-8") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(file, fcntl.LOCK_UN)
+        return False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one job ended: ``state`` is done, refused, cancelled or failed; ``run`` the folder when done."""
+
+    state: str
+    run: Any = None  # runs.RunFolder
+    error: InputError | None = None
+    message: str = ""
+
+
+def execute_job(engine, plan, outputs_root: Path, record: JobRecord, *, on_progress=None,
+                cancel: threading.Event | None = None) -> Outcome:
+    """Start the engine for the plan's layout (timed: the ETA learns it), run the plan into a run folder.
+
+    The manifest's ``studio`` block records the ticket, job id, seconds queued and the engine
+    start; every failure becomes an Outcome with one readable line (tracebacks go to the log).
+    """
+    import logging
+
+    from ..run_folder import runs
+    from ..engines.base import Progress
+    from ..errors import Cancelled, describe_os_error
+
+    log = logging.getLogger(__name__)
+    studio = {"ticket": record.ticket, "job": record.id, "queued_s": round(time.time() - record.submitted, 3)}
+    try:
+        if engine.layout != plan.layout:
+            if on_progress is not None:
+                on_progress(Progress("load", message=f"starting the engine for layout {plan.layout.name}"))
+            began = time.monotonic()
+            engine.start(plan.layout)
+            studio["engine_start_s"] = round(time.monotonic() - began, 3)
+        run = runs.execute_plan(engine, plan, outputs_root, on_progress=on_progress, cancel=cancel,
+                                extra={"studio": studio})
+    except InputError as err:
+        return Outcome("refused", error=err, message=str(err))
+    except Cancelled as err:
+        return Outcome("cancelled", message=f"cancelled at a step boundary; no run folder was kept ({err})")
+    except OSError as err:  # the disk or the OS refused a write: the CLI's words, not a traceback
+        log.warning("job %d could not be written: %s", record.ticket, err)
+        return Outcome("failed", message=describe_os_error(err))
+    except Exception as err:
+        log.exception("job %d (%s) failed", record.ticket, plan.request.mode)
+        return Outcome("failed", message=failure_line(err))
+    return Outcome("done", run=run, message=f"run folder {run.path.name}")
+
+
+def failure_line(err: BaseException) -> str:
+    """One readable line for an engine failure; the traceback stays in the log."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"the engine failed: {type(err).__name__}{': ' + first if first else ''} (details in the log)"
+
+
+def plan_record(engine, record: JobRecord):
+    """The record's request and layout checked again by ``engine.plan`` (a queue file may be old); raises InputError."""
+    from ..vocabulary.layouts import parse_layout
+    from ..vocabulary.request import build_request
+
+    return engine.plan(build_request(**record.request), parse_layout(record.layout))

@@ -1,0 +1,342 @@
+"""The semantic check: does a clip show and sound like its caption says?
+
+Detectors read the decoded frames and audio of a run (or arrays straight from a scene) and
+each gives one verdict against the caption's facts (:func:`magi2studio.semantic.scenes.parse_caption`):
+the background, the moving object's colour and shape, its path (the centroid track), the
+beeps' pitch (the spectral peak) and their timing against the bounces seen in the video
+(within ``BEEP_TOLERANCE_FRAMES``), and for I2VA the first frame against the given image (PSNR
+against the image scaled to the clip's size). A fact the caption does not
+state is reported and not judged. Hashes prove sameness; these verdicts say what a clip shows.
+
+Over 300 lines on purpose: each detector stands next to the thresholds above it and the
+:func:`judge` that turns its observation into a verdict, so a threshold is read where it is used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import EngineError, InputError
+from .scenes import BACKGROUNDS, COLOURS, PITCHES, Facts, parse_caption
+
+BEEP_TOLERANCE_FRAMES = 2
+FIRST_FRAME_MIN_PSNR_DB = 20.0
+ANALYSIS_HEIGHT = 256  # frames taller than this are subsampled to about this height first
+_MASK_THRESHOLD = 60  # sum over channels of |pixel - background|
+_TRAVEL = 0.3  # net displacement, as a fraction of the frame, that makes a path one-way
+_STRAIGHT = 0.6  # ... when it is at least this share of the distance covered along that axis
+_FILL_TRIANGLE_BELOW, _FILL_SQUARE_ABOVE = 0.64, 0.89  # triangle 0.50, circle 0.785, square 1.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One attribute: what the caption says, what the detector saw, and whether they agree.
+
+    ``match`` is ``None`` when the caption does not state the attribute (not judged)."""
+
+    attribute: str
+    expected: str | None
+    observed: str
+    match: bool | None
+    detail: str = ""
+    value: float | None = None  # the measured number where there is one (Hz, dB, share of bounces)
+
+    def line(self) -> str:
+        word = {True: "match", False: "MISMATCH", None: "not stated"}[self.match]
+        said = f"expected {self.expected}, " if self.expected is not None else ""
+        extra = f" ({self.detail})" if self.detail else ""
+        return f"{self.attribute}: {word} — {said}observed {self.observed}{extra}"
+
+
+@dataclass(frozen=True)
+class Score:
+    caption: str
+    facts: Facts
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def all_match(self) -> bool:
+        return all(v.match for v in self.verdicts if v.match is not None)
+
+    def verdict(self, attribute: str) -> Verdict:
+        return next(v for v in self.verdicts if v.attribute == attribute)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"caption": self.caption, "facts": asdict(self.facts), "all_match": self.all_match,
+                "verdicts": [asdict(v) for v in self.verdicts]}
+
+
+# -- video ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VideoObservation:
+    background: str
+    background_rgb: tuple[int, int, int]
+    found_fraction: float  # frames in which one object stood out from the background
+    colour: str | None
+    colour_rgb: tuple[int, int, int] | None
+    shape: str | None
+    fill: float | None  # object area / its bounding box area (median over frames)
+    track: np.ndarray | None  # [frames, 2] centroid (x, y) as fractions of width and height
+    motion: str | None
+    motion_detail: str
+    bounce_frames: tuple[int, ...]
+
+
+def _nearest(rgb: np.ndarray, palette: dict[str, tuple[int, int, int]]) -> str:
+    return min(palette, key=lambda name: float(np.sum((rgb - np.array(palette[name], dtype=np.float64)) ** 2)))
+
+
+def analyse_video(frames: np.ndarray) -> VideoObservation:
+    """Find the background, then per frame the largest region that differs from it."""
+
+    from scipy import ndimage
+
+    step = max(1, int(round(frames.shape[1] / ANALYSIS_HEIGHT)))
+    small = frames[:, ::step, ::step]
+    count, height, width = small.shape[:3]
+    border = np.concatenate([small[:, :3].reshape(-1, 3), small[:, -3:].reshape(-1, 3),
+                             small[:, :, :3].reshape(-1, 3), small[:, :, -3:].reshape(-1, 3)])
+    bg_rgb = np.median(border, axis=0)
+    background = _nearest(bg_rgb, BACKGROUNDS)
+    min_area, max_area = 0.004 * height * width, 0.25 * height * width
+    centroids = np.full((count, 2), np.nan)
+    fills, colours = [], []
+    for index, frame in enumerate(small):
+        mask = np.abs(frame.astype(np.int16) - bg_rgb.astype(np.int16)).sum(axis=2) > _MASK_THRESHOLD
+        labels, regions = ndimage.label(mask)
+        if regions == 0:
+            continue
+        sizes = np.bincount(labels.ravel())[1:]
+        biggest = int(np.argmax(sizes)) + 1
+        area = int(sizes[biggest - 1])
+        if not min_area <= area <= max_area:
+            continue
+        ys, xs = np.nonzero(labels == biggest)
+        centroids[index] = (xs.mean() + 0.5) / width, (ys.mean() + 0.5) / height
+        fills.append(area / float((xs.max() - xs.min() + 1) * (ys.max() - ys.min() + 1)))
+        colours.append(np.median(frame[ys, xs], axis=0))
+    found = float(np.mean(~np.isnan(centroids[:, 0])))
+    bg_tuple = tuple(int(round(c)) for c in bg_rgb)
+    if found < 0.5:
+        return VideoObservation(background, bg_tuple, found, None, None, None, None, None, None,
+                                f"an object stood out in {found:.0%} of the frames", ())
+    rgb = np.median(np.stack(colours), axis=0)
+    fill = float(np.median(fills))
+    shape = "triangle" if fill < _FILL_TRIANGLE_BELOW else "square" if fill > _FILL_SQUARE_ABOVE else "circle"
+    valid = ~np.isnan(centroids[:, 0])
+    track = np.stack([np.interp(np.arange(count), np.nonzero(valid)[0], centroids[valid, axis]) for axis in (0, 1)],
+                     axis=1)
+    motion, detail = classify_motion(track)
+    return VideoObservation(background, bg_tuple, found, _nearest(rgb, COLOURS), tuple(int(round(c)) for c in rgb),
+                            shape, fill, track, motion, detail, bounce_frames(track))
+
+
+def classify_motion(track: np.ndarray) -> tuple[str, str]:
+    """One-way travel if an axis's net displacement is large and most of the distance it
+    covers (``net/path``, on a 5-frame median of the track), else the axis it oscillates along."""
+
+    from scipy.ndimage import median_filter
+
+    edge = max(1, len(track) // 10)
+    start, end = np.median(track[:edge], axis=0), np.median(track[-edge:], axis=0)
+    net = end - start
+    path = np.abs(np.diff(median_filter(track, size=(5, 1), mode="nearest"), axis=0)).sum(axis=0)
+    straight = np.abs(net) / np.maximum(path, 1e-9)
+    spread = np.percentile(track, 95, axis=0) - np.percentile(track, 5, axis=0)
+    detail = (f"net dx {net[0]:+.2f} dy {net[1]:+.2f}, net/path x {straight[0]:.2f} y {straight[1]:.2f}, "
+              f"range x {spread[0]:.2f} y {spread[1]:.2f} of the frame")
+    one_way = [axis for axis in (0, 1) if abs(net[axis]) >= _TRAVEL and straight[axis] >= _STRAIGHT]
+    if one_way:
+        axis = max(one_way, key=lambda a: abs(net[a]))
+        if axis == 0:
+            return ("left_to_right" if net[0] > 0 else "right_to_left"), detail
+        return ("top_to_bottom" if net[1] > 0 else "bottom_to_top"), detail
+    if spread.max() < 0.1:
+        return "still", detail
+    return ("up_and_down" if spread[1] > spread[0] else "side_to_side"), detail
+
+
+def bounce_frames(track: np.ndarray) -> tuple[int, ...]:
+    """Frames where the object reverses abruptly along an axis (a wall or floor contact).
+
+    A smooth turn (the top of a hop) is not a bounce: at a contact the speed two frames before
+    and after flips, so their difference is several times the axis's median speed."""
+
+    from scipy.signal import find_peaks
+
+    found: list[int] = []
+    for axis in (0, 1):
+        position = track[:, axis]
+        speed = float(np.median(np.abs(np.diff(position))))
+        spread = float(position.max() - position.min())
+        if speed <= 0:
+            continue
+        for sign in (1.0, -1.0):
+            peaks, _ = find_peaks(sign * position, prominence=max(0.05, 0.25 * spread), distance=3)
+            for i in peaks:
+                if i < 2 or i + 2 >= len(position):
+                    continue
+                before, after = position[i] - position[i - 2], position[i + 2] - position[i]
+                if abs(before - after) > 2.0 * speed:
+                    found.append(int(i))
+    merged: list[int] = []
+    for frame in sorted(found):
+        if not merged or frame - merged[-1] > BEEP_TOLERANCE_FRAMES:
+            merged.append(frame)
+    return tuple(merged)
+
+
+# -- audio ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AudioObservation:
+    onsets: tuple[float, ...]  # seconds at which a beep starts
+    peak_hz: float
+    pitch: str
+
+
+_HOP_SECONDS = 0.005
+
+
+def analyse_audio(audio: np.ndarray, sample_rate: int) -> AudioObservation:
+    """Beep onsets from the short-time loudness; the pitch from the spectrum of the beeps."""
+
+    mono = np.asarray(audio, dtype=np.float64)
+    mono = mono.mean(axis=1) if mono.ndim == 2 else mono
+    hop = max(1, int(round(_HOP_SECONDS * sample_rate)))
+    usable = len(mono) // hop * hop
+    loudness = np.sqrt(np.mean(mono[:usable].reshape(-1, hop) ** 2, axis=1))
+    peak = float(loudness.max()) if len(loudness) else 0.0
+    threshold = max(0.25 * peak, 4.0 * float(np.median(loudness)) if len(loudness) else 0.0, 1e-3)
+    loud = loudness >= threshold
+    onsets: list[float] = []
+    refractory = int(round(0.1 / _HOP_SECONDS))
+    last = -refractory
+    for i in np.nonzero(loud & ~np.concatenate([[False], loud[:-1]]))[0]:
+        if i - last >= refractory:
+            onsets.append(i * hop / sample_rate)
+        last = i
+    segments = mono[:usable].reshape(-1, hop)[loud].ravel() if loud.any() else mono
+    spectrum = np.abs(np.fft.rfft(segments * np.hanning(len(segments)))) if len(segments) > 1 else np.zeros(2)
+    freqs = np.fft.rfftfreq(len(segments), 1.0 / sample_rate) if len(segments) > 1 else np.zeros(2)
+    band = (freqs >= 100) & (freqs <= 8000)
+    peak_hz = float(freqs[band][np.argmax(spectrum[band])]) if band.any() else 0.0
+    boundary = math.sqrt(PITCHES["low"] * PITCHES["high"])
+    return AudioObservation(tuple(onsets), peak_hz, "low" if peak_hz < boundary else "high")
+
+
+def match_beeps(bounces: tuple[int, ...], onsets_frames: list[int]) -> tuple[list[int], int]:
+    """Pair each bounce with the nearest free beep within the tolerance (closest pairs first).
+
+    Returns the signed offsets (beep minus bounce, frames) of the paired bounces and the
+    number of beeps left unpaired."""
+
+    pairs = sorted(((abs(o - b), bi, oi, o - b) for bi, b in enumerate(bounces) for oi, o in enumerate(onsets_frames)
+                    if abs(o - b) <= BEEP_TOLERANCE_FRAMES))
+    used_b, used_o, offsets = set(), set(), {}
+    for _, bi, oi, offset in pairs:
+        if bi not in used_b and oi not in used_o:
+            used_b.add(bi)
+            used_o.add(oi)
+            offsets[bi] = offset
+    return [offsets[b] for b in sorted(offsets)], len(onsets_frames) - len(used_o)
+
+
+# -- I2VA -------------------------------------------------------------------------------------
+def first_frame_psnr(frame: np.ndarray, image_path: str | Path) -> float:
+    """PSNR (dB) of the first frame against the input image scaled (Lanczos) to the frame's size."""
+
+    from PIL import Image
+
+    with Image.open(image_path) as image:
+        scaled = image.convert("RGB").resize((frame.shape[1], frame.shape[0]), resample=Image.Resampling.LANCZOS)
+    mse = float(np.mean((frame.astype(np.float64) - np.asarray(scaled, dtype=np.float64)) ** 2))
+    return math.inf if mse == 0 else 10.0 * math.log10(255.0 ** 2 / mse)
+
+
+# -- the verdicts -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Observation:
+    """What the detectors saw and heard in one clip, before any caption is consulted."""
+
+    video: VideoObservation
+    audio: AudioObservation
+    fps: float
+    first_frame_psnr: float | None = None  # I2VA only
+
+
+def observe(frames: np.ndarray, audio: np.ndarray, fps: float, sample_rate: int, *,
+            reference_image: str | Path | None = None) -> Observation:
+    """Run every detector over one clip (uint8 [F,H,W,3], float [S,C])."""
+
+    psnr = None if reference_image is None else first_frame_psnr(frames[0], reference_image)
+    return Observation(analyse_video(frames), analyse_audio(audio, sample_rate), fps, psnr)
+
+
+def judge(facts: Facts, seen: Observation, caption: str = "") -> Score:
+    """The per-attribute verdicts of an observation against a caption's facts."""
+
+    video, heard = seen.video, seen.audio
+    verdicts = [Verdict("background", facts.background, f"{video.background} {video.background_rgb}",
+                        None if facts.background is None else video.background == facts.background)]
+    if video.colour is None:
+        missing = f"no object ({video.motion_detail})"
+        verdicts += [Verdict(a, getattr(facts, a), missing, False if getattr(facts, a) is not None else None)
+                     for a in ("colour", "shape", "motion")]
+    else:
+        verdicts += [
+            Verdict("colour", facts.colour, f"{video.colour} {video.colour_rgb}", video.colour == facts.colour),
+            Verdict("shape", facts.shape, video.shape, video.shape == facts.shape, f"fill {video.fill:.2f}"),
+            Verdict("motion", facts.motion, video.motion,
+                    None if facts.motion is None else video.motion == facts.motion, video.motion_detail),
+        ]
+    verdicts.append(Verdict("pitch", facts.pitch, heard.pitch,
+                            None if facts.pitch is None else heard.pitch == facts.pitch,
+                            f"spectral peak {heard.peak_hz:.0f} Hz", heard.peak_hz))
+    beep_frames = [int(round(t * seen.fps)) for t in heard.onsets]
+    offsets, extra = match_beeps(video.bounce_frames, beep_frames)
+    bounces = len(video.bounce_frames)
+    within = len(offsets) / bounces if bounces else 0.0
+    observed = f"{len(offsets)}/{bounces} bounces with a beep within ±{BEEP_TOLERANCE_FRAMES} frames, {extra} extra"
+    detail = (f"bounce frames {list(video.bounce_frames)}, beep frames {beep_frames}"
+              if len(beep_frames) <= 20 else f"{len(beep_frames)} beeps heard")
+    verdicts.append(Verdict("beeps", "at each bounce" if facts.beeps else None, observed,
+                            (bounces > 0 and within == 1.0 and extra == 0) if facts.beeps else None, detail, within))
+    if seen.first_frame_psnr is not None:
+        psnr = seen.first_frame_psnr
+        verdicts.append(Verdict("first_frame", f">= {FIRST_FRAME_MIN_PSNR_DB:.0f} dB PSNR against the image",
+                                f"{psnr:.1f} dB", psnr >= FIRST_FRAME_MIN_PSNR_DB, value=psnr))
+    return Score(caption, facts, tuple(verdicts))
+
+
+def score_clip(facts: Facts, frames: np.ndarray, audio: np.ndarray, fps: float, sample_rate: int, *,
+               reference_image: str | Path | None = None, caption: str = "") -> Score:
+    """Every verdict for one clip against parsed facts."""
+
+    return judge(facts, observe(frames, audio, fps, sample_rate, reference_image=reference_image), caption)
+
+
+def score_run(path: str | Path) -> Score:
+    """Score a run folder against the prompt it was made from."""
+
+    from ..run_folder import runs
+    from ..media import decode_mp4
+
+    folder = runs.load_run(Path(path))
+    request = folder.manifest["request"]
+    caption = request["prompt"]
+    facts = parse_caption(caption)
+    image = request.get("image") if request.get("mode") == "i2va" else None
+    if image is not None and not Path(image).is_file():
+        raise InputError("image", f"the run's first-frame image {image} is not there",
+                         "score from the folder the run was made in, or put the image back at that path")
+    try:
+        frames, audio, fps, sample_rate = decode_mp4(folder.video.read_bytes())
+    except EngineError as err:
+        raise InputError("video.mp4", f"{folder.video} could not be read ({err})",
+                         "score a complete run folder written by magi2studio") from None
+    return score_clip(facts, frames, audio, fps, sample_rate, reference_image=image, caption=caption)
