@@ -15,6 +15,9 @@ Env switches (read in the worker, so set them before the engine starts):
 - ``MAGI2STUDIO_STAGE``: the stage name in the records (default ``preview``).
 - ``MAGI2_KERNELS``: ``off`` (default), ``on``, or per kernel; handed to
   ``magi2_kernels.overrides``. What was installed is written to ``kernels.json``.
+- ``MAGI2STUDIO_TEST_CHECKPOINT``: test-only; the root of a tree ``scripts/make-test-checkpoint``
+  wrote. Its reduced depth replaces upstream's (:mod:`magi2studio.engines.test_checkpoint`, refused for an
+  unmarked tree) and is written to ``test-checkpoint.json``. Unset by default.
 
 Idempotent: a second call returns the first call's state. Loud: a hooked or patched name
 missing from the installed vLLM-Omni raises at start-up instead of timing nothing.
@@ -29,9 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Cancelled
-from .engines.metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR, PROGRESS_FILE, kernels_file, steps_file
-from .platform import current_platform
+from .engines.metrics_folder import (
+    ENV_CANCEL_FILE,
+    ENV_METRICS_DIR,
+    PROGRESS_FILE,
+    kernels_file,
+    steps_file,
+    test_checkpoint_file,
+)
+from .engines.test_checkpoint import apply_from_env as apply_test_checkpoint_depth
 from .engines.timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
+from .platform import current_platform
 
 ENV_STAGE = "MAGI2STUDIO_STAGE"
 ENV_KERNELS = "MAGI2_KERNELS"
@@ -93,6 +104,7 @@ def register() -> dict[str, Any]:
     global _state
     if _state is not None:
         return _state
+    test_depth = apply_test_checkpoint_depth()
     sampler_cls = install_step_hooks()
     kernels = install_kernel_overrides()
     metrics_dir = os.environ.get(ENV_METRICS_DIR)
@@ -103,6 +115,8 @@ def register() -> dict[str, Any]:
         timer = WorkerStepTimer(folder, os.environ.get(ENV_STAGE, "preview"), os.environ.get(ENV_CANCEL_FILE))
         set_process_timer(timer)
         kernels_file(folder).write_text(json.dumps(kernels, sort_keys=True, default=str), encoding="utf-8")
+        if test_depth is not None:
+            test_checkpoint_file(folder).write_text(json.dumps(test_depth, sort_keys=True), encoding="utf-8")
     _state = {"sampler": f"{sampler_cls.__module__}.{sampler_cls.__qualname__}", "kernels": kernels,
-              "metrics_dir": metrics_dir, "timer": timer}
+              "metrics_dir": metrics_dir, "timer": timer, "test_checkpoint": test_depth}
     return _state

@@ -29,6 +29,12 @@ def kernels_file(metrics_dir: str | Path) -> Path:
     return Path(metrics_dir) / "kernels.json"
 
 
+def test_checkpoint_file(metrics_dir: str | Path) -> Path:
+    """The test checkpoint's depth as the plugin applied it (absent for real weights)."""
+
+    return Path(metrics_dir) / "test-checkpoint.json"
+
+
 def step_offsets(metrics_dir: Path) -> dict[Path, int]:
     return {path: path.stat().st_size for path in metrics_dir.glob("steps-rank*.jsonl")}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import determinism
+from .. import test_checkpoint
 from ...errors import InputError
 from ...vocabulary.layouts import Layout, rules_for_real_model
 from ..metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
@@ -127,7 +128,8 @@ class VllmOmniEngine(Engine):
         metrics_dir.mkdir(parents=True)
         cancel_file = metrics_dir.parent / "cancel"
         env = {**determinism.deterministic_env(str(metrics_dir.parent / "inductor-cache")),
-               ENV_METRICS_DIR: str(metrics_dir), ENV_CANCEL_FILE: str(cancel_file)}
+               ENV_METRICS_DIR: str(metrics_dir), ENV_CANCEL_FILE: str(cancel_file),
+               **test_checkpoint.worker_env(self.checkpoint_root)}
         process = EngineProcess(WORKER_TARGET, {"options": options, "checkpoint_root": self.checkpoint_root,
                                                 "metrics_dir": str(metrics_dir), "cancel_file": str(cancel_file)},
                                 metrics_dir.parent / "engine.log", env)
@@ -179,7 +181,9 @@ class VllmOmniEngine(Engine):
             resolved=dict(plan.resolved),
             engine_info={"name": self.name, "embedded": False, "vllm_omni": caps.vllm_omni_version,
                          "start_options": options.as_dict(), "kernels": self._process.info.get("kernels"),
-                         "checkpoint_root": self.checkpoint_root, "metrics_dir": self._process.info["metrics_dir"]},
+                         "checkpoint_root": self.checkpoint_root, "metrics_dir": self._process.info["metrics_dir"],
+                         "checkpoint_sha256sums": test_checkpoint.sums_digest(self.checkpoint_root),
+                         "test_checkpoint": self._process.info.get("test_checkpoint")},
         )
 
     def _watch_cancel(self, cancel: threading.Event | None, stop: threading.Event) -> None:

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import Cancelled, EngineError
-from ..metrics_folder import PROGRESS_FILE, ProgressFollower, kernels_file, records_since, step_offsets
+from ..metrics_folder import (
+    PROGRESS_FILE,
+    ProgressFollower,
+    kernels_file,
+    records_since,
+    step_offsets,
+    test_checkpoint_file,
+)
 from ...vocabulary.request import build_request
 from .capabilities import detect
 from .output import map_output
@@ -36,6 +43,8 @@ def run_omni(conn, config: dict[str, Any]) -> None:
     caps = detect()
     kernels_path = kernels_file(metrics_dir)
     kernels = json.loads(kernels_path.read_text(encoding="utf-8")) if kernels_path.exists() else None
+    depth_path = test_checkpoint_file(metrics_dir)  # written by the plugin in the workers, for a test checkpoint
+    depth = json.loads(depth_path.read_text(encoding="utf-8")) if depth_path.exists() else None
 
     def handle(payload: dict[str, Any], emit) -> dict[str, Any]:
         request = build_request(**payload)
@@ -58,5 +67,6 @@ def run_omni(conn, config: dict[str, Any]) -> None:
                 "stage_ms": {**mapped.stage_ms, "generate": (time.perf_counter() - began) * 1e3},
                 "step_records": records_since(metrics_dir, offsets)}
 
-    serve(conn, {"pid": os.getpid(), "load_ms": load_ms, "kernels": kernels, "options": options.as_dict(),
+    serve(conn, {"pid": os.getpid(), "load_ms": load_ms, "kernels": kernels, "test_checkpoint": depth,
+                 "options": options.as_dict(),
                  "vllm_omni": version("vllm-omni"), "metrics_dir": str(metrics_dir)}, handle)

@@ -1,0 +1,377 @@
+"""GPU check of the real path: the test checkpoint, upstream's DiT at real width, and ``Omni`` end to end.
+
+Run on a CUDA machine with vLLM-Omni importable (scripts/device-omni-carry prepares the lent GPU):
+``python3 tests/real_engine/gpu_omni_e2e.py STAGE OUT_DIR --ckpt ROOT``. Each stage writes
+``OUT_DIR/<stage>.json`` and keeps going past a failed part, recording the error:
+
+- ``checkpoint``: ``scripts/make-test-checkpoint`` (real widths, reduced depth, seeded, drawn on the GPU),
+  then ``magi2studio weights check`` on it for 272p and 540p, with every file's sha256 compared.
+- ``layers``: upstream's ``Magi2PreviewTransformer`` at the test depth, loaded by its strict loader from
+  that tree, sampled by upstream's ``Magi2PreviewSampler`` at 272p and 540p shapes (kernels off, then
+  ours): ms per DiT layer per step (CUDA events around each layer), the split between the attention
+  kernel, attention projections, MoE, dense MLP and mHC, peak memory.
+- ``e2e``: ``magi2studio``'s vllm-omni engine (``Omni`` in a supervised child, the plugin in its
+  diffusion worker) on ``sp1-cfg1-offload``: T2VA twice (deterministic: hashes must match), I2VA,
+  540p, and T2VA with kernels off; each a complete run folder.
+
+vLLM's compiled FlashAttention is not on the device; ``device_shims`` (a ``vllm.general_plugins`` entry
+point only the carry installs) puts torch's FlashAttention-2 varlen kernel in its place, and every
+JSON says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPT = (REPO / "magi2studio" / "data" / "sandai" / "assets" / "sample_000.txt").read_text(encoding="utf-8")
+IMAGE = REPO / "magi2studio" / "data" / "sandai" / "assets" / "sample_000.jpeg"
+SUBSTITUTION = "vllm.vllm_flash_attn (compiled, not carried) -> torch aten._flash_attention_forward (FA2)"
+
+
+def versions() -> dict:
+    import platform
+    from importlib.metadata import version
+
+    import torch
+    import triton
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0),
+           "driver_capability": list(torch.cuda.get_device_capability(0))}
+    for name in ("vllm", "vllm-omni", "transformers", "diffusers", "av"):
+        try:
+            out[name] = version(name)
+        except Exception as err:  # noqa: BLE001 - recorded, not fatal
+            out[name] = f"missing: {err}"
+    return out
+
+
+def attempt(results: dict, name: str, func, *args, **kwargs):
+    """Run one part; record its result or its error and keep going."""
+
+    started = time.perf_counter()
+    try:
+        value = func(*args, **kwargs)
+        results[name] = {"ok": True, "s": round(time.perf_counter() - started, 2), "result": value}
+        return value
+    except BaseException as err:  # noqa: BLE001 - a device check records every failure
+        results[name] = {"ok": False, "s": round(time.perf_counter() - started, 2),
+                         "error": f"{type(err).__name__}: {err}"[:4000], "traceback": traceback.format_exc()[-6000:]}
+        print(f"[{name}] FAILED: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        if isinstance(err, KeyboardInterrupt):  # the call's time limit (timeout -s INT): stop, keep what was recorded
+            raise
+        return None
+
+
+# ---- checkpoint ---------------------------------------------------------------------------------
+
+
+def stage_checkpoint(ckpt: Path, results: dict) -> None:
+    import subprocess
+
+    def make() -> dict:
+        if (ckpt / "SHA256SUMS").is_file():
+            return {"reused": True}
+        command = [sys.executable, str(REPO / "scripts" / "make-test-checkpoint"), str(ckpt), "--device", "cuda"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(done.stderr[-3000:])
+        return {"stdout": done.stdout[-2000:]}
+
+    attempt(results, "make_test_checkpoint", make)
+
+    def sizes() -> dict:
+        total = {}
+        for path in sorted(ckpt.rglob("*")):
+            if path.is_file():
+                top = path.relative_to(ckpt).parts[0]
+                total[top] = total.get(top, 0) + path.stat().st_size
+        return {k: round(v / 2**30, 3) for k, v in total.items()}
+
+    attempt(results, "tree_gib", sizes)
+    from magi2studio.engines.test_checkpoint import sums_digest
+    from magi2studio.weights import check_weights
+
+    for tier in ("272p", "540p"):
+        attempt(results, f"weights_check_{tier}",
+                lambda tier=tier: check_weights(ckpt, tier, hash_files=tier == "272p").as_dict())
+    attempt(results, "sha256sums_digest", sums_digest, ckpt)
+
+
+# ---- layers -------------------------------------------------------------------------------------
+
+
+CATEGORIES = {
+    "attention_kernel": ("attention", ("attend",)),
+    "attention_proj": ("attention", ("project", "output")),
+    "moe_route_combine": ("mlp", ("route_input", "combine")),
+    "mhc": ("mhc_handler", ("compute_logits", "apply_pre", "compute_post_residual", "hyper_connect")),
+}
+
+
+class LayerClock:
+    """CUDA events around every layer call and around the parts of each layer, read after the loop."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.events: list[tuple[int, str, object, object]] = []
+        self.wrapped: list[tuple[object, str]] = []
+        self.handles = []
+
+    def _timed(self, layer: int, category: str, func):
+        import torch
+
+        def timed(*args, **kwargs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = func(*args, **kwargs)
+            end.record()
+            self.events.append((layer, category, start, end))
+            return out
+
+        return timed
+
+    def install(self) -> None:
+        from vllm_omni.diffusion.models.magi2.modeling_magi2 import Magi2MultiHeadMoELayer
+
+        for index, layer in enumerate(self.model.block.layers):
+            layer_forward = layer.forward
+            layer.forward = self._timed(index, "layer", layer_forward)
+            self.wrapped.append((layer, "forward"))
+            for category, (child, names) in CATEGORIES.items():
+                owner = getattr(layer, child)
+                for name in names:
+                    if hasattr(owner, name):
+                        setattr(owner, name, self._timed(index, category, getattr(owner, name)))
+                        self.wrapped.append((owner, name))
+            if isinstance(layer.mlp, Magi2MultiHeadMoELayer):
+                target, category = layer.mlp.moe_mlp, "moe_experts"
+            else:
+                target, category = layer.mlp, "dense_mlp"
+            target.forward = self._timed(index, category, target.forward)
+            self.wrapped.append((target, "forward"))
+
+    def remove(self) -> None:
+        for owner, name in self.wrapped:
+            owner.__dict__.pop(name, None)
+        self.wrapped.clear()
+
+    def read(self, steps: int) -> dict:
+        import torch
+
+        torch.cuda.synchronize()
+        per_layer: dict[int, dict[str, float]] = {}
+        calls: dict[int, int] = {}
+        for layer, category, start, end in self.events:
+            bucket = per_layer.setdefault(layer, {})
+            bucket[category] = bucket.get(category, 0.0) + start.elapsed_time(end)
+            if category == "layer":
+                calls[layer] = calls.get(layer, 0) + 1
+        self.events.clear()
+        rows = []
+        for layer, bucket in sorted(per_layer.items()):
+            total = bucket.pop("layer")
+            parts = {k: round(v / steps, 3) for k, v in bucket.items()}
+            parts["rest"] = round((total - sum(bucket.values())) / steps, 3)
+            rows.append({"layer": layer, "ms_per_step": round(total / steps, 3),
+                         "forwards_per_step": calls[layer] / steps, "split_ms_per_step": parts})
+        return {"layers": rows}
+
+
+def real_sampler_input(tier: str, steps: int, text_tokens: int = 512):
+    import torch
+    from vllm_omni.diffusion.models.magi2.configuration_magi2 import MAGI2_GENERATION_CONFIG as gen
+    from vllm_omni.diffusion.models.magi2.sampler_magi2 import CFGConfig, SamplerInput, build_magi2_preview_schedulers
+
+    width, height = {"272p": (448, 256), "540p": (896, 512)}[tier]
+    frames = int(round(gen.duration_seconds * gen.fps)) * 2
+    latent_t = (frames - 1) // gen.video_vae_stride[0] + 1
+    g = torch.Generator(device="cuda").manual_seed(7)
+    video, audio = build_magi2_preview_schedulers(steps, device="cuda", shift=gen.shift)
+    stride = gen.video_vae_stride
+    shape = (1, gen.video_latent_channels, latent_t, height // stride[1], width // stride[2])
+    audio_len = int(round(gen.duration_seconds * gen.audio_latent_fps))
+    return SamplerInput(
+        video_t_list=video.timesteps, audio_t_list=audio.timesteps,
+        latent=torch.randn(shape, generator=g, device="cuda"),
+        audio_latent=torch.randn(1, audio_len, gen.audio_latent_channels, generator=g, device="cuda"),
+        txt_feat=torch.randn(1, text_tokens, 5120, generator=g, device="cuda").to(torch.bfloat16),
+        null_txt_feat=torch.randn(1, text_tokens, 5120, generator=g, device="cuda").to(torch.bfloat16),
+        ref_audio_feat=torch.zeros(1, 0, gen.audio_latent_channels, device="cuda"), ref_video_feat=None,
+        video_scheduler=video, audio_scheduler=audio,
+        cfg_config=CFGConfig(video_txt_guidance_scale=gen.video_guidance_scale,
+                             audio_txt_guidance_scale=gen.audio_guidance_scale),
+    ), list(shape)
+
+
+def stage_layers(ckpt: Path, results: dict, steps: int) -> None:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import device_shims
+
+    results["flash_attention_substitute_rel_error"] = device_shims.self_check()
+    device_shims.register()
+    from magi2studio import plugin
+    from magi2studio.engines import test_checkpoint
+    from magi2studio.engines.embedded import upstream_patches
+
+    os.environ[test_checkpoint.ENV_TEST_CHECKPOINT] = str(ckpt)
+    os.environ.pop("MAGI2_KERNELS", None)
+    state = plugin.register()  # applies the test depth, installs the step hooks; kernels off
+    results["test_checkpoint_applied"] = state["test_checkpoint"]["spec"]
+    torch.cuda.set_device(0)
+    upstream_patches.init_parallel(world_size=1, rank=0, port=upstream_patches.free_port(), ulysses_degree=1,
+                                   cfg_parallel_size=1, backend="nccl")
+    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+    from vllm_omni.diffusion.models.magi2 import configuration_magi2
+    from vllm_omni.diffusion.models.magi2.modeling_magi2 import Magi2PreviewTransformer
+    from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
+    from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
+
+    started = time.perf_counter()
+    with torch.device("cuda"):
+        model = Magi2PreviewTransformer(configuration_magi2.MAGI2_PREVIEW_CONFIG)
+    shards = sorted(str(p) for p in (ckpt / "preview").glob("*.safetensors"))
+    loaded = model.load_weights(safetensors_weights_iterator(shards, use_tqdm_on_load=False))
+    model.eval()
+    results["dit_load"] = {"s": round(time.perf_counter() - started, 2), "tensors": len(loaded),
+                           "gib": round(torch.cuda.memory_allocated() / 2**30, 2)}
+    sampler = Magi2PreviewSampler(model, Magi2DataProxy(), device="cuda", dtype=torch.bfloat16)
+    clock = LayerClock(model)
+    for kernels in ("off", "on"):
+        if kernels == "on":
+            os.environ["MAGI2_KERNELS"] = "on"
+            results["kernels_installed"] = plugin.install_kernel_overrides()
+        for tier in ("272p", "540p"):
+            def run(tier=tier) -> dict:
+                with torch.inference_mode():
+                    warm, _ = real_sampler_input(tier, 1)
+                    sampler.sample(warm)
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    sample_input, shape = real_sampler_input(tier, steps)
+                    clock.install()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    latent, audio = sampler.sample(sample_input)
+                    end.record()
+                    clock.remove()
+                    layers = clock.read(steps)
+                    finite = bool(torch.isfinite(latent).all() and torch.isfinite(audio).all())
+                return {"latent_shape": shape, "steps": steps, "ms_per_step": round(start.elapsed_time(end) / steps, 2),
+                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "finite": finite, **layers}
+
+            attempt(results, f"sample_{tier}_kernels_{kernels}", run)
+
+
+# ---- e2e ----------------------------------------------------------------------------------------
+
+
+def stage_e2e(ckpt: Path, work: Path, results: dict, steps: int, runs_asked: list[str]) -> None:
+    import importlib.util
+
+    from magi2studio.vocabulary.layouts import parse_layout
+
+    layout = parse_layout("sp1-cfg1-offload")
+    outputs = work / "runs"
+    outputs.mkdir(parents=True, exist_ok=True)
+    plans = {
+        "t2va_272p_a": ("on", dict(tier="272p")),
+        "t2va_272p_b": ("on", dict(tier="272p")),
+        "i2va_272p": ("on", dict(tier="272p", mode="i2va", image=str(IMAGE))),
+        "t2va_540p": ("on", dict(tier="540p")),
+        "t2va_272p_kernels_off": ("off", dict(tier="272p")),
+    }
+    engines: dict[str, object] = {}
+    have_av = importlib.util.find_spec("av") is not None
+    try:
+        run_each(runs_asked, plans, engines, have_av, ckpt, work, outputs, layout, steps, results)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    a, b = results.get("t2va_272p_a", {}), results.get("t2va_272p_b", {})
+    if a.get("ok") and b.get("ok"):
+        results["deterministic_twice_identical"] = (a["result"]["hashes"]["frames_sha256"], a["result"]["hashes"][
+            "pcm_sha256"]) == (b["result"]["hashes"]["frames_sha256"], b["result"]["hashes"]["pcm_sha256"])
+
+
+def run_each(runs_asked, plans, engines, have_av, ckpt, work, outputs, layout, steps, results) -> None:
+    """One engine per kernel selection (``MAGI2_KERNELS`` is the workers' env), each run recorded."""
+
+    from magi2studio import media
+    from magi2studio.run_folder import runs
+    from magi2studio.engines import get_engine
+    from magi2studio.vocabulary.request import build_request
+
+    for name in runs_asked:
+        kernels, fields = plans[name]
+
+        def one(kernels=kernels, fields=fields) -> dict:
+            if kernels not in engines:
+                for other in engines.values():
+                    other.close()
+                engines.clear()
+                os.environ["MAGI2_KERNELS"] = kernels
+                engines[kernels] = get_engine("vllm-omni", checkpoint_root=str(ckpt),
+                                              work_dir=str(work / f"engine-{kernels}"), start_timeout_s=540)
+            request = build_request(prompt=PROMPT, seed=1234, steps=steps, compile="eager", deterministic=True,
+                                    **fields)
+            engine = engines[kernels]
+            if have_av:
+                folder = runs.execute(engine, request, layout, outputs)
+                manifest = folder.manifest
+                return {"folder": folder.path.name, "files": sorted(p.name for p in folder.path.iterdir()),
+                        "hashes": manifest["hashes"], "timing": manifest.get("timing"), "engine": manifest["engine"],
+                        "versions": manifest.get("versions")}
+            # No PyAV carried in this call: the same plan and generation, hashed as write_run hashes them.
+            plan = engine.plan(request, layout)
+            engine.start(plan.layout)
+            generation = engine.generate(plan)
+            return {"run_folder": "not written (PyAV not carried in this call)",
+                    "hashes": {"frames_sha256": media.frames_sha256(generation.frames),
+                               "pcm_sha256": media.pcm_sha256(generation.audio)},
+                    "frames_shape": list(generation.frames.shape), "audio_shape": list(generation.audio.shape),
+                    "stage_ms": generation.stage_ms, "step_records": generation.step_records,
+                    "engine": generation.engine_info}
+
+        attempt(results, name, one)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("stage", choices=("checkpoint", "layers", "e2e"))
+    parser.add_argument("out")
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--work", default=None, help="e2e: engines' work folders and run folders (default OUT)")
+    parser.add_argument("--runs", default="t2va_272p_a,t2va_272p_b,i2va_272p,t2va_540p,t2va_272p_kernels_off")
+    args = parser.parse_args()
+    out, ckpt = Path(args.out), Path(args.ckpt)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"stage": args.stage, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                     "flash_attention": SUBSTITUTION}
+    attempt(results, "versions", versions)
+    try:
+        if args.stage == "checkpoint":
+            stage_checkpoint(ckpt, results)
+        elif args.stage == "layers":
+            attempt(results, "layers_stage", stage_layers, ckpt, results, args.steps)
+        else:
+            stage_e2e(ckpt, Path(args.work or out), results, args.steps, args.runs.split(","))
+    finally:
+        (out / f"{args.stage}.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
+    failed = [k for k, v in results.items() if isinstance(v, dict) and v.get("ok") is False]
+    print(json.dumps({"stage": args.stage, "failed": failed}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
