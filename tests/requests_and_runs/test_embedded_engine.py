@@ -137,7 +137,7 @@ BAD_CLI = [
     (["--prompt", "x", "--steps", "0"], "steps"),
     (["--prompt", "x", "--seed", "-3"], "seed"),
     (["--prompt", "x", "--seed", "4.5"], "seed"),
-    (["--prompt", "x", "--out", "/proc/forbidden"], "out"),
+    (["--prompt", "x", "--out", "/dev/null/outputs"], "out"),  # under a file (an unwritable folder: exit 1)
     (["--request", "req.yaml"], "colour"),
 ]
 
