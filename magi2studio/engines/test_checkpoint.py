@@ -15,6 +15,9 @@ calls :func:`apply_from_env` in every worker, which refuses unless that root car
 ``magi2studio-test-checkpoint.json`` with ``"test_checkpoint": true``, then replaces upstream's
 module-level config by the marker's depth. Unset (the default everywhere), nothing changes.
 The vllm-omni engine sets it only for a marked tree and records the marker in every manifest.
+
+Over 300 lines on purpose: the marker, the switch that checks it and the writer of each part of the
+tree must agree on one spec; in one module a change to the spec shows in all three.
 """
 
 from __future__ import annotations

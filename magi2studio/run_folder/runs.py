@@ -6,6 +6,9 @@ and poster.jpg. Everything is written into a hidden temp folder beside it and re
 place once complete; a cancelled or failed run leaves nothing. The run id is the first 16 hex
 digits of manifest.json's sha256, and the manifest holds every other file's sha256, so the name
 covers the folder: an edit of any file shows without a re-run (``verify_run``).
+
+Over 300 lines on purpose: the writer and its readers (``verify_run``, ``read_manifest``, the run
+id check) share the manifest's shape and the run-id rule; apart, one could change without the other.
 """
 
 from __future__ import annotations
