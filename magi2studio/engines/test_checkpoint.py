@@ -292,18 +292,13 @@ def _write_text_encoder(writer: _Writer, spec: TestCheckpointSpec) -> None:
 
 def _write_turbo_vae(writer: _Writer) -> None:
     import torch
-    from vllm_omni.diffusion.models.magi2.turbo_vae import _TurboDecoder3d
+
+    from .embedded.checkpoint import turbo_decoder
 
     spec = TURBO_STAND_IN
     writer.write_text("turbo_vae/TurboV3-Wan22-TinyShallow_7_7.json", json.dumps(spec, indent=2))
     with torch.device("meta"):
-        decoder = _TurboDecoder3d(
-            latent_channels=spec["latent_channels"], out_channels=spec["out_channels"],
-            block_out_channels=tuple(spec["decoder_block_out_channels"]),
-            layers_per_block=tuple(spec["decoder_layers_per_block"]),
-            spatio_temporal_scaling=tuple(spec["decoder_spatio_temporal_scaling"]),
-            spatio_only=tuple(spec["decoder_spatio_only"]), patch_size=spec["patch_size"],
-            decoder_causal=spec["decoder_causal"], use_unpatchify=spec["use_unpatchify"])
+        decoder = turbo_decoder(spec)
     state = writer.state(decoder, torch.float32, rename=lambda k: f"module.decoder.{k}")
     torch.save({"ema_state_dict": state}, writer.root / "turbo_vae" / "checkpoint.ckpt")
     writer.record(writer.root / "turbo_vae" / "checkpoint.ckpt")

@@ -195,13 +195,11 @@ def turbo_config(config: TinyConfig) -> dict:
     }
 
 
-def _write_turbo_vae(config: TinyConfig, folder: Path, generator: torch.Generator) -> None:
+def turbo_decoder(spec: dict):
+    """Upstream's TurboVAE decoder built from a TurboVAE config (its released json's keys)."""
     from vllm_omni.diffusion.models.magi2.turbo_vae import _TurboDecoder3d
 
-    folder.mkdir(parents=True)
-    spec = turbo_config(config)
-    (folder / TURBO_CONFIG_NAME).write_text(json.dumps(spec, indent=2), encoding="utf-8")
-    decoder = _TurboDecoder3d(
+    return _TurboDecoder3d(
         latent_channels=spec["latent_channels"], out_channels=spec["out_channels"],
         block_out_channels=tuple(spec["decoder_block_out_channels"]),
         layers_per_block=tuple(spec["decoder_layers_per_block"]),
@@ -209,6 +207,13 @@ def _write_turbo_vae(config: TinyConfig, folder: Path, generator: torch.Generato
         spatio_only=tuple(spec["decoder_spatio_only"]), patch_size=spec["patch_size"],
         decoder_causal=spec["decoder_causal"], use_unpatchify=spec["use_unpatchify"],
     )
+
+
+def _write_turbo_vae(config: TinyConfig, folder: Path, generator: torch.Generator) -> None:
+    folder.mkdir(parents=True)
+    spec = turbo_config(config)
+    (folder / TURBO_CONFIG_NAME).write_text(json.dumps(spec, indent=2), encoding="utf-8")
+    decoder = turbo_decoder(spec)
     state = {f"module.decoder.{k}": v for k, v in _seeded_state(decoder, generator).items()}
     torch.save({"ema_state_dict": state}, folder / "checkpoint.ckpt")
 
