@@ -48,7 +48,7 @@ def test_a_clean_release_removes_the_runner_lock_and_a_killed_runners_lock_is_ta
     lock.release()
     assert not (tmp_path / RUNNER_LOCK_FILE).exists() and not runner_alive(tmp_path)
 
-    hold = ("import sys, time; from magi2studio.jobs.jobqueue import RunnerLock; "
+    hold = ("import sys, time; from magi2studio.jobs.runner import RunnerLock; "
             "held = RunnerLock(sys.argv[1]); print('held', flush=True); time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

@@ -33,11 +33,19 @@ def packed_lengths(engine, request) -> list[int]:
         seen.append(int(tensor.shape[0]))
         return original(self, tensor)
 
+    # The engine's ranks are processes of their own (world 1 too), so the spy runs the rank's own job
+    # body here, on this process's world of one.
+    from magi2studio.engines.embedded import rank, upstream_patches
+
+    plan = engine.plan(request, parse_layout("sp1-cfg1"))
+    upstream_patches.init_world_of_one()
     parallel.Magi2SequenceDispatcher.dispatch = spy
     try:
-        engine.generate(engine.plan(request, engine.layout))
+        driver = rank.load_driver(engine.checkpoint())
+        rank.run_job(driver, rank.Job.from_plan(plan), rank=0, world_size=1, on_step=lambda *_: None, on_stage=None)
     finally:
         parallel.Magi2SequenceDispatcher.dispatch = original
+        upstream_patches.destroy_parallel()
     return sorted(set(seen))
 
 
