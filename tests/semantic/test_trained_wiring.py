@@ -43,7 +43,9 @@ def judged(engine, layout: str, outputs, index: int, seed: int | None = None, **
 
     caption = caption_for(HELD_OUT[index], index % PHRASINGS)
     seed = SEED + index if seed is None else seed
-    folder = runs.execute(engine, Request(seed=seed, **request), parse_layout(layout), outputs)
+    # deterministic off: these runs judge what the clip shows, not its bits, and the exact products
+    # of deterministic mode (3.5x a step on the CPU) took the cfg2 test past its 900 s limit.
+    folder = runs.execute(engine, Request(seed=seed, deterministic=False, **request), parse_layout(layout), outputs)
     frames, audio, fps, sample_rate = decode_mp4(folder.video.read_bytes())
     score = score_clip(parse_caption(caption), frames, audio, fps, sample_rate, caption=caption)
     return {verdict.attribute: verdict.match for verdict in score.verdicts}
