@@ -61,6 +61,6 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
     page.locator("#history-open").click()
     page.locator("#use-settings").wait_for(state="visible", timeout=30_000)
     page.locator("#use-settings").click()
-    page.wait_for_function("() => document.querySelector('#seed input').value === '2026'", timeout=30_000)
+    page.wait_for_function("() => document.querySelector('#seed input').value === '2026'", timeout=90_000)
     assert page.locator("#steps input, #steps textarea").first.input_value() == "4"
     assert "lighthouse keeper" in page.locator("#prompt textarea").input_value()
