@@ -32,7 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = (REPO / "magi2studio" / "data" / "sandai" / "assets" / "sample_000.txt").read_text(encoding="utf-8")
 IMAGE = REPO / "magi2studio" / "data" / "sandai" / "assets" / "sample_000.jpeg"
-SUBSTITUTION = "vllm.vllm_flash_attn (compiled, not carried) -> torch aten._flash_attention_forward (FA2)"
+SUBSTITUTION = ("vllm.vllm_flash_attn (compiled, not carried) -> torch aten._flash_attention_forward (FA2); "
+                "vllm._C_stable_libtorch (compiled custom ops, not carried) -> tests/real_engine/vllm_ops_stand_in.py "
+                "(capability queries answer 'not supported'); vllm_flash_attn._vllm_fa2_C -> an empty module")
 
 
 def versions() -> dict:
