@@ -262,7 +262,7 @@ def _write_text_encoder(writer: _Writer, spec: TestCheckpointSpec) -> None:
 
     folder = writer.root / "text_encoder"
     folder.mkdir()
-    corpus = Path(__file__).parent / "engines" / "embedded" / "tokenizer_corpus.txt"
+    from .embedded.checkpoint import TOKENIZER_CORPUS as corpus  # a small BPE tokenizer, trained as the tiny tree's
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

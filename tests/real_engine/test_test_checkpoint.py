@@ -91,3 +91,24 @@ def test_plugin_applies_and_records_the_depth_and_refuses_an_unmarked_tree(tmp_p
     monkeypatch.setattr(plugin, "_state", None)
     with pytest.raises(TestCheckpointError):
         plugin.register()
+
+
+def test_the_text_encoder_writer_trains_its_tokenizer_on_the_corpus_it_names(tmp_path, monkeypatch):
+    """The first device run stopped here: the corpus path still pointed at the module's old folder."""
+
+    from magi2studio.engines import test_checkpoint
+
+    spec = test_checkpoint.TestCheckpointSpec(seed=0, num_layers=6, multimodal_layers=(0, 1, 4, 5),
+                                              moe_layers=(2, 3), text_layers=1)
+    writer = test_checkpoint._Writer(tmp_path, seed=0, device="cpu")
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_tokenizer(*args, **kwargs):  # the tokenizer is written; the 27B-wide weights are not needed here
+        raise Stop
+
+    monkeypatch.setattr("transformers.Qwen3_5TextConfig.save_pretrained", stop_after_tokenizer)
+    with pytest.raises(Stop):
+        test_checkpoint._write_text_encoder(writer, spec)
+    assert (tmp_path / "text_encoder" / "tokenizer.json").is_file()

@@ -22,7 +22,7 @@ from .components import TURBO_CONFIG_NAME, TinyImageEncoder
 from .tiny import TINY_CONFIG_FILE, TinyConfig
 
 DEFAULT_ROOT = Path(os.environ.get("MAGI2_TINY_CKPT", Path.home() / ".cache" / "magi2studio"))
-_TOKENIZER_CORPUS = Path(__file__).with_name("tokenizer_corpus.txt")
+TOKENIZER_CORPUS = Path(__file__).with_name("tokenizer_corpus.txt")
 # Bump when the generated tree changes, so a cached older tree is not reused.
 CHECKPOINT_FORMAT = 3  # 3: refiner/
 
@@ -144,7 +144,7 @@ def _write_text_encoder(config: TinyConfig, folder: Path, generator: torch.Gener
         vocab_size=config.text_vocab, special_tokens=["<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    tokenizer.train([str(_TOKENIZER_CORPUS)], trainer)
+    tokenizer.train([str(TOKENIZER_CORPUS)], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
                                    pad_token="<|endoftext|>")
     fast.save_pretrained(str(folder))
