@@ -70,3 +70,16 @@ def test_capabilities_grey_out_every_tier_here(engine):
     assert "no CUDA/MUSA GPU" in caps.tiers["272p"] and "no CUDA/MUSA GPU" in caps.tiers["540p"]
     assert "no MAGI-2 refiner" in caps.tiers["1080p"]
     assert any("expert parallel: refused" in note for note in caps.notes)
+
+
+def test_each_engine_start_gets_its_own_folder_beside_an_earlier_engines(tmp_path):
+    """The H100 run's second engine on one work folder stopped with FileExistsError on engine-1."""
+
+    from magi2studio.engines.vllm_omni.engine import fresh_engine_dir
+
+    (tmp_path / "engine-1" / "metrics").mkdir(parents=True)
+    (tmp_path / "engine-1" / "metrics" / "steps.jsonl").write_text("{}\n")
+    second = fresh_engine_dir(tmp_path)
+    assert second == tmp_path / "engine-2" and not any(second.iterdir())
+    assert fresh_engine_dir(tmp_path) == tmp_path / "engine-3"
+    assert (tmp_path / "engine-1" / "metrics" / "steps.jsonl").read_text() == "{}\n"

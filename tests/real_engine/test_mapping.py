@@ -235,3 +235,17 @@ def test_malformed_outputs_are_engine_errors():
     with pytest.raises(EngineError, match=r"expected audio \[samples, channels\]"):
         map_output(OmniRequestOutput.from_diffusion(request_id="r", images=[video], multimodal_output={
             "audio": np.zeros((2, 441_000), np.float32), "audio_sample_rate": 44_100, "fps": 12.5}))
+
+
+def test_stage_durations_in_seconds_and_orchestrator_keys_in_ms_both_map_to_ms():
+    """Measured on the H100 (2026-12-06): a 13.0 s generate came back with stage_0_gen_ms = 12954919."""
+
+    from vllm_omni.outputs import OmniRequestOutput
+
+    video = np.zeros((125, 8, 14, 3), np.uint8)
+    output = OmniRequestOutput.from_diffusion(
+        request_id="r", images=[video],
+        multimodal_output={"audio": np.zeros((441_000, 2), np.float32), "audio_sample_rate": 44_100, "fps": 12.5},
+        stage_durations={"magi2_preview_e2e": 12.947, "stage_0_gen_ms": 12954.9, "queue_wait_ms": 0.339})
+    assert map_output(output).stage_ms == pytest.approx(
+        {"magi2_preview_e2e": 12947.0, "stage_0_gen_ms": 12954.9, "queue_wait_ms": 0.339})

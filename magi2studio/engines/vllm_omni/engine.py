@@ -41,6 +41,24 @@ def device_names() -> list[str]:
         return []
 
 
+
+def fresh_engine_dir(work_dir: Path) -> Path:
+    """The next unused ``engine-N`` folder: each engine start gets its own steps and logs.
+
+    A second engine (a restarted studio, the next ``generate``) often shares the work folder;
+    the first GPU run stopped with FileExistsError on the previous engine's ``engine-1``.
+    """
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    number = 1
+    while True:
+        folder = work_dir / f"engine-{number}"
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            number += 1
+
 class VllmOmniEngine(Engine):
     name = "vllm-omni"
 
@@ -124,8 +142,8 @@ class VllmOmniEngine(Engine):
         self._stop_child()
         self._check_weights(tier_name)
         self._loads += 1
-        metrics_dir = self.work_dir / f"engine-{self._loads}" / "metrics"
-        metrics_dir.mkdir(parents=True)
+        metrics_dir = fresh_engine_dir(self.work_dir) / "metrics"
+        metrics_dir.mkdir()
         cancel_file = metrics_dir.parent / "cancel"
         env = {**determinism.deterministic_env(str(metrics_dir.parent / "inductor-cache")),
                ENV_METRICS_DIR: str(metrics_dir), ENV_CANCEL_FILE: str(cancel_file),

@@ -2,7 +2,10 @@
 
 MAGI-2's pipeline puts the clip in ``.images[0]`` (uint8 [frames, H, W, 3]) and the audio in
 ``.multimodal_output["audio"]`` (float [samples, channels], ``audio_sample_rate`` 44100),
-with ``fps`` 12.5 beside it; ``stage_durations`` are seconds.
+with ``fps`` 12.5 beside it. ``stage_durations`` mixes units: the pipeline's own stages are seconds,
+while the orchestrator merges in keys that end in ``_ms`` (``queue_wait_ms``, ``stage_N_gen_ms``) in
+milliseconds already (vllm_omni/entrypoints/omni_base.py). The first run on a GPU showed
+``stage_0_gen_ms`` a thousand times too large when every key was scaled.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def map_output(output) -> MappedOutput:
     fps = media.get("fps")
     if sample_rate is None or fps is None:
         raise EngineError(f"vLLM-Omni's output lacks audio_sample_rate or fps (keys: {sorted(media)})")
-    stage_ms = {name: float(seconds) * 1e3 for name, seconds in (output.stage_durations or {}).items()}
+    stage_ms = {name: float(value) * (1.0 if name.endswith("_ms") else 1e3)
+                for name, value in (output.stage_durations or {}).items()}
     return MappedOutput(np.ascontiguousarray(frames), np.ascontiguousarray(audio), float(fps), int(sample_rate),
                         stage_ms)
