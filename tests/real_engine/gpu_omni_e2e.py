@@ -10,6 +10,8 @@ Run on a CUDA machine with vLLM-Omni importable (scripts/device-omni-carry prepa
   that tree, sampled by upstream's ``Magi2PreviewSampler`` at 272p and 540p shapes (kernels off, then
   ours): ms per DiT layer per step (CUDA events around each layer), the split between the attention
   kernel, attention projections, MoE, dense MLP and mHC, peak memory.
+- ``supervision``: a worker stopped (SIGSTOP), then one killed (SIGKILL) mid-run; the watchdog's reports,
+  and the next request on the same engine object.
 - ``e2e``: ``magi2studio``'s vllm-omni engine (``Omni`` in a supervised child, the plugin in its
   diffusion worker) on ``sp1-cfg1-offload``: T2VA twice (deterministic: hashes must match), I2VA,
   540p, and T2VA with kernels off; each a complete run folder.
@@ -347,9 +349,92 @@ def run_each(runs_asked, plans, engines, have_av, ckpt, work, outputs, layout, s
         attempt(results, name, one)
 
 
+# ---- supervision ---------------------------------------------------------------------------------
+
+
+def worker_pids(engine) -> list[int]:
+    """The processes under the engine's supervised child (vLLM-Omni's workers), or the child if it has none."""
+
+    import psutil
+
+    child = engine._process._process.pid  # noqa: SLF001 - the check looks at the real process tree
+    return [p.pid for p in psutil.Process(child).children(recursive=True)] or [child]
+
+
+def stage_supervision(ckpt: Path, work: Path, results: dict, steps: int) -> None:
+    """A worker stopped (SIGSTOP), then one killed (SIGKILL) mid-run; then a plain run on the same engine object.
+
+    The step watchdog ($MAGI2STUDIO_STEP_TIMEOUT_S, 30 s here) must report the stopped worker and kill the
+    process group; the killed one must be reported; each next request starts a fresh engine and the last one
+    completes with the hashes of the e2e stage's identical request (kernels on, deterministic).
+    """
+
+    import signal
+    import threading
+
+    import psutil
+
+    from magi2studio import media
+    from magi2studio.engines import get_engine
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.request import build_request
+
+    os.environ["MAGI2STUDIO_STEP_TIMEOUT_S"] = "30"
+    os.environ["MAGI2_KERNELS"] = "on"
+    engine = get_engine("vllm-omni", checkpoint_root=str(ckpt), work_dir=str(work / "engine-supervision"),
+                        start_timeout_s=300)
+    layout = parse_layout("sp1-cfg1-offload")
+    request = build_request(prompt=PROMPT, seed=1234, steps=steps, compile="eager", deterministic=True, tier="272p")
+    try:
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            def disturbed(sig=sig) -> dict:
+                plan = engine.plan(request, layout)
+                engine.start(plan.layout)
+                first_step = threading.Event()
+                sent: dict = {}
+
+                def on_progress(progress) -> None:
+                    if getattr(progress, "step", None) is not None and progress.step >= 1:
+                        first_step.set()
+
+                def disturb() -> None:
+                    first_step.wait(600)
+                    sent["pids"] = worker_pids(engine)
+                    sent["at"] = time.perf_counter()
+                    for pid in sent["pids"]:
+                        os.kill(pid, sig)
+
+                thread = threading.Thread(target=disturb, daemon=True)
+                thread.start()
+                try:
+                    engine.generate(plan, on_progress=on_progress)
+                    outcome = "completed (not reported)"
+                except Exception as err:  # noqa: BLE001 - the report is what is checked
+                    outcome = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                reported_after = round(time.perf_counter() - sent.get("at", time.perf_counter()), 1)
+                time.sleep(2)
+                left = [pid for pid in sent.get("pids", []) if psutil.pid_exists(pid)
+                        and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+                return {"signal": sig.name, "workers_signalled": len(sent.get("pids", [])), "report": outcome,
+                        "reported_s_after_signal": reported_after, "workers_left_alive": left}
+
+            attempt(results, f"worker_{sig.name}", disturbed)
+
+        def next_request() -> dict:
+            plan = engine.plan(request, layout)
+            engine.start(plan.layout)
+            generation = engine.generate(plan)
+            return {"frames_sha256": media.frames_sha256(generation.frames),
+                    "pcm_sha256": media.pcm_sha256(generation.audio), "stage_ms": generation.stage_ms}
+
+        attempt(results, "next_request_after_both", next_request)
+    finally:
+        engine.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("stage", choices=("checkpoint", "layers", "e2e"))
+    parser.add_argument("stage", choices=("checkpoint", "layers", "e2e", "supervision"))
     parser.add_argument("out")
     parser.add_argument("--ckpt", required=True)
     parser.add_argument("--steps", type=int, default=3)
@@ -366,6 +451,8 @@ def main() -> int:
             stage_checkpoint(ckpt, results)
         elif args.stage == "layers":
             attempt(results, "layers_stage", stage_layers, ckpt, results, args.steps)
+        elif args.stage == "supervision":
+            stage_supervision(ckpt, Path(args.work or out), results, args.steps)
         else:
             stage_e2e(ckpt, Path(args.work or out), results, args.steps, args.runs.split(","))
     finally:
