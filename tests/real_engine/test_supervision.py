@@ -78,3 +78,21 @@ def test_the_step_watchdog_kills_a_child_silent_between_events(tmp_path):
     while not _gone(info["pid"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _gone(info["pid"])
+
+
+def test_a_child_killed_mid_run_is_reported_as_killed_not_as_the_watchdog(tmp_path):
+    """On the H100 (2026-12-06) a SIGKILLed engine child was reported with the watchdog's words after 5.7 s."""
+
+    import signal
+    import threading
+
+    hanging = EngineProcess(f"{CHILDREN}:hang_on_call", {"worker_pid_file": str(tmp_path / "worker.pid")},
+                            tmp_path / "hang.log")
+    info = hanging.start(timeout_s=60)
+    threading.Timer(1.0, os.kill, (info["pid"], signal.SIGKILL)).start()
+    started = time.monotonic()
+    with pytest.raises(EngineError) as raised:
+        hanging.call("go", timeout_s=600, idle_timeout_s=30)
+    assert time.monotonic() - started < 10
+    assert "engine process died during a request (exit code -9)" in str(raised.value)
+    assert "watchdog" not in str(raised.value)

@@ -122,9 +122,9 @@ class EngineProcess:
         while True:
             left = deadline - time.monotonic()
             if idle_timeout_s is not None and idle_timeout_s < left:
-                message = self._receive(idle_timeout_s, f"a request: no step boundary or stage event for "
-                                                        f"{idle_timeout_s:g} s (the step watchdog, "
-                                                        "$MAGI2STUDIO_STEP_TIMEOUT_S)")
+                message = self._receive(idle_timeout_s, "a request", silence=(
+                    f"no step boundary or stage event for {idle_timeout_s:g} s (the step watchdog, "
+                    "$MAGI2STUDIO_STEP_TIMEOUT_S)"))
             else:
                 message = self._receive(left, "a request")
             if message[0] == "event":
@@ -135,7 +135,9 @@ class EngineProcess:
                 return message[1]
             self._fail(f"engine child sent {message[0]!r}")
 
-    def _receive(self, timeout_s: float, what: str) -> tuple:
+    def _receive(self, timeout_s: float, what: str, silence: str | None = None) -> tuple:
+        """The next message; a death is reported as a death, ``silence`` (the watchdog's words) only a timeout."""
+
         deadline = time.monotonic() + max(timeout_s, 0.0)
         while True:
             if self._conn.poll(min(0.2, max(deadline - time.monotonic(), 0.0))):
@@ -152,7 +154,8 @@ class EngineProcess:
                 self._crashed(what)
             if time.monotonic() >= deadline:
                 self.kill()
-                raise EngineError(f"engine process gave no answer to {what} within {timeout_s:g} s and was killed "
+                gave_no_answer = f"{what}: {silence}" if silence else f"{what} within {timeout_s:g} s"
+                raise EngineError(f"engine process gave no answer to {gave_no_answer} and was killed "
                                   "with its workers (the next run starts a fresh one). "
                                   f"Log tail ({self.log_path}):\n{log_tail(self.log_path)}")
 
