@@ -10,8 +10,8 @@ correctness is checked in the same run; a failed check or section makes the exit
 
     python scripts/bench_kernels.py --upstream-site /tmp/vo [--sweep] [--out FOLDER]
 
-Writes ``FOLDER/kernels-h200-<date>.json`` (default folder outside the checkout). ``--smoke``
-runs everything at tiny shapes (CPU: set TRITON_INTERPRET=1) to check the script.
+Writes ``FOLDER/kernels-<card>-<date>.json``, the card read from its device name (default folder outside
+the checkout). ``--smoke`` runs everything at tiny shapes (CPU: set TRITON_INTERPRET=1) to check the script.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import re
 import logging
 import os
 import sys
@@ -602,6 +603,25 @@ def judge(check: dict) -> dict:
     return check
 
 
+def card_slug(device_name: str) -> str:
+    """The card's short name for the output file: "NVIDIA H100 80GB HBM3" -> "h100", "cpu" -> "cpu".
+
+    Round 2 wrote an H100 run as kernels-h200-<date>.json; the name now comes from the card itself.
+    """
+
+    model = re.search(r"\b([A-Za-z]{1,3}\d{2,4}[A-Za-z]?)\b", device_name.replace("NVIDIA", ""))
+    text = model.group(1) if model else device_name
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def stamp_rows(results: dict) -> None:
+    """Every row says which card measured it, so a table copied out of the JSON still names it."""
+
+    for section in ("rows", "mhc", "attention_sink"):
+        for row in results.get(section, []):
+            row["device"] = results["device"]
+
+
 def default_out_dir() -> str:
     """Outside the checkout: bench output is copied into docs/perf/ by hand, never written there."""
 
@@ -638,11 +658,13 @@ def main() -> None:
     if smoke:
         E, TOP_K, D_HEAD, D_EXPERT, DTYPE = 8, 2, 64, 128, torch.float16
     os.makedirs(args.out, exist_ok=True)
-    out = os.path.join(args.out, f"kernels-{'smoke' if smoke else 'h200'}-{date}.json")
+    card = card_slug(results["device"])
+    out = os.path.join(args.out, f"kernels-{card}-smoke-{date}.json" if smoke else f"kernels-{card}-{date}.json")
 
     def save() -> None:
         """Write what is measured so far (temp file, then rename): a run cut off keeps its rows."""
 
+        stamp_rows(results)
         with tempfile.NamedTemporaryFile("w", dir=args.out, suffix=".tmp", delete=False) as handle:
             json.dump(results, handle, indent=1)
         os.replace(handle.name, out)

@@ -37,3 +37,14 @@ def test_a_missing_upstream_site_is_refused_by_name(bench, monkeypatch, tmp_path
         bench.main()
     assert exit_info.value.code == 2
     assert "--upstream-site:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, slug", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                        ("NVIDIA H200 NVL", "h200"), ("MTT S5000", "s5000"), ("cpu", "cpu")])
+def test_the_output_file_and_every_row_name_the_card_that_ran(bench, name, slug):
+    """Round 2's bench wrote an H100 run as kernels-h200-<date>.json."""
+
+    assert bench.card_slug(name) == slug
+    results = dict(device=name, rows=[{"label": "a"}], mhc=[{"label": "b"}], attention_sink=[{}])
+    bench.stamp_rows(results)
+    assert all(row["device"] == name for section in ("rows", "mhc", "attention_sink") for row in results[section])
