@@ -197,6 +197,11 @@ class AudioObservation:
     onsets: tuple[float, ...]  # seconds at which a beep starts
     peak_hz: float
     pitch: str
+    loud_share: float = 0.0  # share of the clip within 12 dB of its loudest moment: near 1 for one continuous tone
+
+
+# Beeps are short (a few per clip); a sound loud for most of the clip is a tone, not beeps.
+CONTINUOUS_TONE_SHARE = 0.5
 
 
 _HOP_SECONDS = 0.005
@@ -226,7 +231,8 @@ def analyse_audio(audio: np.ndarray, sample_rate: int) -> AudioObservation:
     band = (freqs >= 100) & (freqs <= 8000)
     peak_hz = float(freqs[band][np.argmax(spectrum[band])]) if band.any() else 0.0
     boundary = math.sqrt(PITCHES["low"] * PITCHES["high"])
-    return AudioObservation(tuple(onsets), peak_hz, "low" if peak_hz < boundary else "high")
+    loud_share = float(np.mean(loudness >= 0.25 * peak)) if peak > 1e-3 else 0.0
+    return AudioObservation(tuple(onsets), peak_hz, "low" if peak_hz < boundary else "high", loud_share)
 
 
 def match_beeps(bounces: tuple[int, ...], onsets_frames: list[int]) -> tuple[list[int], int]:
@@ -304,8 +310,12 @@ def judge(facts: Facts, seen: Observation, caption: str = "") -> Score:
     observed = f"{len(offsets)}/{bounces} bounces with a beep within ±{BEEP_TOLERANCE_FRAMES} frames, {extra} extra"
     detail = (f"bounce frames {list(video.bounce_frames)}, beep frames {beep_frames}"
               if len(beep_frames) <= 20 else f"{len(beep_frames)} beeps heard")
+    matched = bounces > 0 and within == 1.0 and extra == 0
+    if heard.loud_share >= CONTINUOUS_TONE_SHARE:  # not "0/0 bounces": say what is heard
+        observed = f"a continuous tone (loud for {heard.loud_share:.0%} of the clip), no separate beeps"
+        matched, within = False, 0.0
     verdicts.append(Verdict("beeps", "at each bounce" if facts.beeps else None, observed,
-                            (bounces > 0 and within == 1.0 and extra == 0) if facts.beeps else None, detail, within))
+                            matched if facts.beeps else None, detail, within))
     if seen.first_frame_psnr is not None:
         psnr = seen.first_frame_psnr
         verdicts.append(Verdict("first_frame", f">= {FIRST_FRAME_MIN_PSNR_DB:.0f} dB PSNR against the image",

@@ -128,3 +128,14 @@ def test_1080p_scene_matches_its_caption_at_25_fps():
     scene = make_scene(scenes.HELD_OUT[5], TIERS["1080p"], 1)
     result = score_clip(scene.facts, scene.frames(), scene.audio(), scene.fps, scene.sample_rate)
     assert result.all_match, "\n".join(v.line() for v in result.verdicts)
+
+
+def test_a_continuous_tone_is_named_as_such_not_counted_as_missing_beeps(clip):
+    """Issue 28: the trained model's one loud tone read "0/0 bounces with a beep"."""
+
+    scene, frames, audio, _ = clip
+    t = np.arange(audio.shape[0]) / scene.sample_rate
+    tone = np.repeat((0.5 * np.sin(2 * np.pi * scenes.PITCHES[scene.facts.pitch] * t))[:, None], audio.shape[1], 1)
+    beeps = _with_audio(clip, tone.astype(np.float32)).verdict("beeps")
+    assert beeps.match is False and beeps.observed.startswith("a continuous tone (loud for 100% of the clip)")
+    assert _with_audio(clip, audio).verdict("beeps").match is True  # the scene's own beeps stay beeps
