@@ -30,6 +30,10 @@ ANALYSIS_HEIGHT = 256  # frames taller than this are subsampled to about this he
 _MASK_THRESHOLD = 60  # sum over channels of |pixel - background|
 _TRAVEL = 0.3  # net displacement, as a fraction of the frame, that makes a path one-way
 _STRAIGHT = 0.6  # ... when it is at least this share of the distance covered along that axis
+# One object moves continuously (a scene's fastest crosses the frame in about 3 s: under 0.03 of it a frame);
+# a region that lands more than 0.2 of the frame away from where it was, a frame later, is another region.
+# Blotches that jump to new places (issue 28's trained model: 7 distinct images in 125 frames) are no object.
+_TELEPORT_DISTANCE, _MAX_TELEPORTS = 0.2, 2
 _FILL_TRIANGLE_BELOW, _FILL_SQUARE_ABOVE = 0.64, 0.89  # triangle 0.50, circle 0.785, square 1.0
 
 
@@ -125,6 +129,14 @@ def analyse_video(frames: np.ndarray) -> VideoObservation:
     if found < 0.5:
         return VideoObservation(background, bg_tuple, found, None, None, None, None, None, None,
                                 f"an object stood out in {found:.0%} of the frames", ())
+    seen_at = np.nonzero(~np.isnan(centroids[:, 0]))[0]
+    per_frame = np.linalg.norm(np.diff(centroids[seen_at], axis=0), axis=1) / np.diff(seen_at)
+    teleports = int(np.sum(per_frame > _TELEPORT_DISTANCE))
+    if teleports > _MAX_TELEPORTS:
+        return VideoObservation(background, bg_tuple, found, None, None, None, None, None, None,
+                                f"what stood out jumped to a new place {teleports} times (over "
+                                f"{_TELEPORT_DISTANCE:.0%} of the frame in one frame): blotches, not one moving object",
+                                ())
     rgb = np.median(np.stack(colours), axis=0)
     fill = float(np.median(fills))
     shape = "triangle" if fill < _FILL_TRIANGLE_BELOW else "square" if fill > _FILL_SQUARE_ABOVE else "circle"

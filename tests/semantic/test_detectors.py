@@ -139,3 +139,27 @@ def test_a_continuous_tone_is_named_as_such_not_counted_as_missing_beeps(clip):
     beeps = _with_audio(clip, tone.astype(np.float32)).verdict("beeps")
     assert beeps.match is False and beeps.observed.startswith("a continuous tone (loud for 100% of the clip)")
     assert _with_audio(clip, audio).verdict("beeps").match is True  # the scene's own beeps stay beeps
+
+
+def _blotches(frames: np.ndarray, rgb: tuple[int, int, int], every: int, seed: int = 0) -> np.ndarray:
+    """The trained model's failure (issue 28): a soft coloured blotch that jumps to a new place every ``every``
+    frames (7 distinct images in 125 frames), on the scene's background; no object moves."""
+
+    rng = np.random.default_rng(seed)
+    count, height, width = frames.shape[:3]
+    background = frames[0, :3, :3].reshape(-1, 3).mean(axis=0)
+    ys, xs = np.mgrid[0:height, 0:width]
+    out = np.empty_like(frames)
+    for start in range(0, count, every):
+        cy, cx = rng.uniform(0.25, 0.75) * height, rng.uniform(0.25, 0.75) * width
+        weight = np.exp(-(((ys - cy) / (0.12 * height)) ** 2 + ((xs - cx) / (0.12 * width)) ** 2))[..., None]
+        out[start:start + every] = (background * (1 - weight) + np.array(rgb) * weight).astype(np.uint8)
+    return out
+
+
+def test_a_blotch_that_jumps_between_places_is_no_object_even_in_the_captions_colour(clip):
+    scene, frames, audio, _ = clip
+    cast = _blotches(frames, scenes.COLOURS[scene.facts.colour], every=18)
+    result = score_clip(scene.facts, cast, audio, scene.fps, scene.sample_rate)
+    colour = result.verdict("colour")
+    assert colour.match is False and colour.observed.startswith("no object"), colour.line()
