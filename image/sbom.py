@@ -43,13 +43,13 @@ def wheel_hashes(report_dir: Path) -> dict[str, dict[str, str]]:
     return found
 
 
-def python_components(report_dir: Path) -> list[dict]:
-    """Every distribution this interpreter sees, the venv's and (cuda/musa) the base's site-packages."""
+def python_components(report_dir: Path, path: list[str] | None = None) -> list[dict]:
+    """Every distribution this interpreter sees (or those on ``path``): the venv's and (cuda/musa) the base's."""
     wheels = wheel_hashes(report_dir)
     dropped = report_dir / "dropped-files.txt"
     removed = dropped.read_text(encoding="utf-8").split() if dropped.is_file() else []
     components: dict[str, dict] = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=path) if path is not None else metadata.distributions():
         name, version = dist.metadata["Name"], dist.version
         key = canonical(name)
         if key in components:
