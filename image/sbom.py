@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 
 SBOM_PATH = "/etc/magi2studio/sbom.cdx.json"
+ENSUREPIP_WHEELS = Path("/usr/share/python-wheels")  # Debian's wheels that `python3 -m venv` installs
 
 
 def canonical(name: str) -> str:
@@ -57,9 +59,14 @@ def python_components(report_dir: Path, path: list[str] | None = None) -> list[d
         component = {"type": "library", "name": name, "version": version,
                      "purl": f"pkg:pypi/{key}@{version}", "bom-ref": f"pkg:pypi/{key}@{version}"}
         wheel = wheels.get(key)
+        ensurepip = sorted(ENSUREPIP_WHEELS.glob(f"{key.replace('-', '_')}-{version}-*.whl"))
         if wheel and wheel["version"] == version and wheel["sha256"]:
             component["hashes"] = [{"alg": "SHA-256", "content": wheel["sha256"]}]
             origin = "wheel"
+        elif ensurepip and path is None:  # `python3 -m venv` installed it from the base's own wheel
+            sha256 = hashlib.sha256(ensurepip[0].read_bytes()).hexdigest()
+            component["hashes"] = [{"alg": "SHA-256", "content": sha256}]
+            origin = f"the base's {ensurepip[0].name}"
         else:
             origin = "local source tree" if key == "magi2studio" else "base image"
         component["properties"] = [{"name": "magi2studio:origin", "value": origin}]
