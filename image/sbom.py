@@ -51,7 +51,9 @@ def python_components(report_dir: Path, path: list[str] | None = None) -> list[d
     dropped = report_dir / "dropped-files.txt"
     removed = dropped.read_text(encoding="utf-8").split() if dropped.is_file() else []
     components: dict[str, dict] = {}
-    for dist in metadata.distributions(path=path) if path is not None else metadata.distributions():
+    # Only the site folders: setuptools, once imported, puts its _vendor folder on sys.path too.
+    sites = [entry for entry in sys.path if Path(entry).name in ("site-packages", "dist-packages")]
+    for dist in metadata.distributions(path=sites if path is None else path):
         name, version = dist.metadata["Name"], dist.version
         key = canonical(name)
         if key in components:

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -92,9 +93,18 @@ def _property(component: dict, name: str) -> str:
     return next((p["value"] for p in component.get("properties", []) if p["name"] == name), "")
 
 
+def site_dirs() -> list[str]:
+    """The site folders on sys.path: what pip installed into (the venv's; cuda/musa also the base's).
+
+    Not every sys.path entry: setuptools, once imported, appends its ``_vendor`` folder, whose
+    vendored copies are setuptools' files (its RECORD holds them), not distributions of their own.
+    """
+    return [entry for entry in sys.path if Path(entry).name in ("site-packages", "dist-packages")]
+
+
 def check_python(components: list[dict], drift: Drift, path: list[str] | None = None) -> None:
     installed: dict[str, metadata.Distribution] = {}
-    for dist in metadata.distributions(path=path) if path is not None else metadata.distributions():
+    for dist in metadata.distributions(path=site_dirs() if path is None else path):
         installed.setdefault(canonical(dist.metadata["Name"]), dist)
     listed = {canonical(c["name"]): c for c in components if c.get("purl", "").startswith("pkg:pypi/")}
     drift.distributions = len(listed)

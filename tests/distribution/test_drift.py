@@ -115,3 +115,16 @@ def test_doctor_says_drift_is_not_checked_outside_the_image_and_names_difference
     lines = doctor.render_drift(found.as_dict())
     assert lines[0].startswith("drift: 1 difference(s)")
     assert lines[1] == "  no-such-dist 1.0: in the SBOM, not installed"
+
+
+def test_a_vendored_copy_on_sys_path_is_not_a_distribution_of_its_own(installed, tmp_path, monkeypatch):
+    """setuptools, once imported, appends its _vendor folder to sys.path (doctor in the image saw nine
+    'installed, not in the SBOM'); only the site folders hold what pip installed."""
+    site, reports, _ = installed
+    vendor = tmp_path / "site-packages" / "setuptools" / "_vendor"
+    (vendor / "wheel-0.46.3.dist-info").mkdir(parents=True)
+    (vendor / "wheel-0.46.3.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: wheel\nVersion: 0.46.3\n")
+    monkeypatch.setattr(sys, "path", [str(site), str(vendor)])
+    found = drift.Drift("test")
+    drift.check_python(_sbom(site, reports), found)
+    assert found.ok, found.differences
