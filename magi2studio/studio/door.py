@@ -29,7 +29,7 @@ from collections import OrderedDict
 from typing import Any
 
 import gradio as gr
-from gradio.blocks import Block
+from gradio.blocks import Block, postprocess_update_dict
 
 # The routes gradio_client reads while it sets up, relative to the app's root path.
 ROUTES = ("/config", "/gradio_api/info")
@@ -95,12 +95,9 @@ class RepeatedAnswers:
         return messages if repeatable else None
 
 
-# What Gradio sends for an output left as it is (its answer to gr.skip(): postprocess_update_dict of an empty update).
-UNCHANGED = {"__type__": "update"}
-
-
 class UnchangedOutputsBlocks(gr.Blocks):
-    """``gr.Blocks`` that post-processes only the outputs a dict of updates names; the others are :data:`UNCHANGED`."""
+    """``gr.Blocks`` that post-processes only the outputs a dict of updates names; for each other one it sends
+    Gradio's own answer to ``gr.skip()`` (``postprocess_update_dict`` of an empty update), made without the rebuild."""
 
     async def postprocess_data(self, block_fn: Any, predictions: Any, state: Any) -> list[Any]:
         outputs = list(block_fn.outputs)
@@ -108,15 +105,18 @@ class UnchangedOutputsBlocks(gr.Blocks):
                 or not all(isinstance(key, Block) for key in predictions)):
             return await super().postprocess_data(block_fn, predictions, state)
         values = {key._id: value for key, value in predictions.items()}
-        named = [index for index, block in enumerate(outputs) if block._id in values]
-        if not named or len(named) == len(outputs):
+        if not any(block._id in values for block in outputs):
+            return await super().postprocess_data(block_fn, predictions, state)
+        # A State output left alone is cheap for Gradio (no rebuild); it keeps answering those itself.
+        named = [index for index, block in enumerate(outputs) if block._id in values or block.stateful]
+        if len(named) == len(outputs):
             return await super().postprocess_data(block_fn, predictions, state)
         narrowed = copy.copy(block_fn)
         narrowed.outputs = [outputs[index] for index in named]
-        listed = [values[block._id] for block in narrowed.outputs]
+        listed = [values.get(block._id, gr.skip()) for block in narrowed.outputs]
         # One output: Gradio takes the bare value (it wraps it in a list itself).
         done = await super().postprocess_data(narrowed, listed if len(listed) > 1 else listed[0], state)
-        answer = [dict(UNCHANGED) for _ in outputs]
+        answer = [postprocess_update_dict(block, {"__type__": "update"}, block_fn.postprocess) for block in outputs]
         for index, value in zip(named, done):
             answer[index] = value
         return answer
