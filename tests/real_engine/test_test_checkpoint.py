@@ -112,3 +112,30 @@ def test_the_text_encoder_writer_trains_its_tokenizer_on_the_corpus_it_names(tmp
     with pytest.raises(Stop):
         test_checkpoint._write_text_encoder(writer, spec)
     assert (tmp_path / "text_encoder" / "tokenizer.json").is_file()
+
+
+def test_the_serve_command_carries_the_offline_childs_env(tmp_path):
+    """A server started with the printed command gets what the offline engine's child gets: the depth switch
+    for a marked test tree (its workers otherwise build 40 layers and the strict loader refuses the tree) and the
+    deterministic variables; a plain tree and a non-deterministic server get neither."""
+
+    import shlex
+
+    from magi2studio.determinism import DETERMINISTIC_ENV
+    from magi2studio.engines.vllm_omni.server_client import serve_command
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.tiers import TIERS
+
+    def env_of(model, **kwargs):
+        words = shlex.split(serve_command(parse_layout("sp1-cfg1"), TIERS["272p"], model=str(model), port=8000,
+                                          **kwargs))
+        return dict(word.split("=", 1) for word in words[:words.index("vllm-omni")])
+
+    tree = marked_tree(tmp_path / "test-tree")
+    env = env_of(tree, metrics_dir=str(tmp_path / "metrics"))
+    assert env[ENV_TEST_CHECKPOINT] == str(tree)
+    assert env["MAGI2STUDIO_METRICS_DIR"] == str(tmp_path / "metrics")
+    assert {key: env[key] for key in DETERMINISTIC_ENV} == DETERMINISTIC_ENV
+    plain = tmp_path / "released"
+    plain.mkdir()
+    assert env_of(plain, deterministic=False) == {}

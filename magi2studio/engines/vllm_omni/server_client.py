@@ -17,11 +17,14 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
+from ... import determinism
 from ...errors import Cancelled, EngineError, InputError
 from ...vocabulary.layouts import Layout
 from ...vocabulary.request import Request
 from ...vocabulary.tiers import Tier
+from .. import test_checkpoint
 from ..base import Progress, ProgressCallback
+from ..metrics_folder import ENV_METRICS_DIR
 from . import params
 from .capabilities import detect
 
@@ -35,7 +38,12 @@ QUEUED, IN_PROGRESS, COMPLETED, FAILED = "queued", "in_progress", "completed", "
 
 def serve_command(layout: Layout, tier: Tier, *, model: str, port: int, compile_mode: str = params.DEFAULT_COMPILE,
                   deterministic: bool = True, metrics_dir: str | None = None) -> str:
-    """The ``vllm-omni serve`` command line that starts a server matching these start options."""
+    """The ``vllm-omni serve`` command line that starts a server matching these start options.
+
+    Its env is the offline engine's child env: the deterministic variables when ``deterministic``,
+    the test checkpoint's depth switch when ``model`` is a marked test tree (the server's workers
+    otherwise build upstream's 40 layers and its strict loader refuses the tree), the metrics folder.
+    """
 
     enforce_eager, compile_dynamic = params.COMPILE_FLAGS[compile_mode]
     argv = ["vllm-omni", "serve", model, "--omni", "--port", str(port),
@@ -48,8 +56,9 @@ def serve_command(layout: Layout, tier: Tier, *, model: str, port: int, compile_
         argv.append("--enforce-eager")
     elif not compile_dynamic:
         argv.append("--no-diffusion-compile-dynamic")
-    env = f"MAGI2STUDIO_METRICS_DIR={shlex.quote(metrics_dir)} " if metrics_dir else ""
-    return env + shlex.join(argv)
+    env = {**(determinism.DETERMINISTIC_ENV if deterministic else {}), **test_checkpoint.worker_env(model),
+           **({ENV_METRICS_DIR: metrics_dir} if metrics_dir else {})}
+    return " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items()) + " " * bool(env) + shlex.join(argv)
 
 
 def form_fields(request: Request, tier: Tier) -> tuple[dict[str, str], dict[str, tuple[str, bytes, str]]]:
