@@ -12,6 +12,9 @@ Run on a CUDA machine with vLLM-Omni importable (scripts/device-omni-carry prepa
   kernel, attention projections, MoE, dense MLP and mHC, peak memory.
 - ``supervision``: a worker stopped (SIGSTOP), then one killed (SIGKILL) mid-run; the watchdog's reports,
   and the next request on the same engine object.
+- ``server``: ``vllm-omni serve … --omni`` started with the command ``serve_command`` prints, then
+  ``magi2studio generate --engine vllm-omni-server`` (T2VA twice, I2VA), a job cancelled after its first
+  step (our DELETE, upstream's ``abort_request``; steps after it are timed), and a plain request again.
 - ``e2e``: ``magi2studio``'s vllm-omni engine (``Omni`` in a supervised child, the plugin in its
   diffusion worker) on ``sp1-cfg1-offload``: T2VA twice (deterministic: hashes must match), I2VA,
   540p, and T2VA with kernels off; each a complete run folder.
@@ -432,9 +435,170 @@ def stage_supervision(ckpt: Path, work: Path, results: dict, steps: int) -> None
         engine.close()
 
 
+# ---- server ---------------------------------------------------------------------------------------
+
+
+SERVER_PORT = 8011
+
+
+def start_server(ckpt: Path, work: Path, metrics: Path):
+    """``vllm-omni serve`` exactly as ``serve_command`` prints it (the carry has no console script, so the
+    program is vLLM-Omni's CLI module), with our kernels on; its log in ``work/server.log``."""
+
+    import shlex
+    import subprocess
+
+    from magi2studio.engines.vllm_omni.server_client import serve_command
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.tiers import TIERS
+
+    command = serve_command(parse_layout("sp1-cfg1-offload"), TIERS["272p"], model=str(ckpt), port=SERVER_PORT,
+                            compile_mode="eager", deterministic=True, metrics_dir=str(metrics))
+    words = shlex.split(command)
+    program = words.index("vllm-omni")
+    env = {**os.environ, **dict(w.split("=", 1) for w in words[:program]), "MAGI2_KERNELS": "on",
+           "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "vllm_omni.entrypoints.cli.main", *words[program + 1:]]
+    log = open(work / "server.log", "wb")  # noqa: SIM115 - the server outlives this function
+    process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return command, process
+
+
+def wait_healthy(process, timeout_s: float) -> float:
+    import httpx
+
+    began = time.perf_counter()
+    while time.perf_counter() - began < timeout_s:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode} before it was healthy")
+        try:
+            if httpx.get(f"http://127.0.0.1:{SERVER_PORT}/health", timeout=2).status_code == 200:
+                return round(time.perf_counter() - began, 1)
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"the server was not healthy within {timeout_s:.0f} s")
+
+
+def cli_generate(work: Path, metrics: Path, ckpt: Path, steps: int, *extra: str) -> dict:
+    """``magi2studio generate --engine vllm-omni-server`` in its own process, as a user runs it."""
+
+    import subprocess
+
+    argv = [sys.executable, "-c", "import sys; from magi2studio.cli import main; sys.exit(main())", "generate",
+            "--engine", "vllm-omni-server", "--server-url", f"http://127.0.0.1:{SERVER_PORT}",
+            "--server-metrics-dir", str(metrics), "--server-compile", "eager", "--layout", "sp1-cfg1-offload",
+            "--prompt", PROMPT, "--seed", "1234", "--steps", str(steps), "--tier", "272p",
+            "--out", str(work / "server-runs"), *extra]
+    began = time.perf_counter()
+    done = subprocess.run(argv, env={**os.environ, "MAGI2_CKPT_ROOT": str(ckpt)}, capture_output=True, text=True,
+                          timeout=400)
+    if done.returncode != 0:
+        raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip()[-1500:]}")
+    folder = Path(next(line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("run folder:")))
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    return {"s": round(time.perf_counter() - began, 1), "folder": folder.name,
+            "files": sorted(p.name for p in folder.iterdir()), "hashes": manifest["hashes"],
+            "steps_recorded": len(manifest.get("timing", {}).get("steps", []) or []),
+            "stages": manifest.get("timing", {}).get("stages"), "engine": manifest["engine"]}
+
+
+def cancel_mid_run(ckpt: Path, metrics: Path, steps: int) -> dict:
+    """A job cancelled after its first step: our client's DELETE, upstream's abort_request; the progress lines
+    (rank 0 writes one per finished step) are timed here to see whether the denoising loop stopped."""
+
+    from magi2studio.engines import get_engine
+    from magi2studio.errors import Cancelled
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.request import build_request
+
+    import threading
+
+    engine = get_engine("vllm-omni-server", server_url=f"http://127.0.0.1:{SERVER_PORT}", metrics_dir=str(metrics),
+                        server_compile="eager", checkpoint_root=str(ckpt), poll_interval_s=0.2)
+    progress_file = metrics / "progress.jsonl"
+    seen: list[tuple[float, int]] = []
+    cancel = threading.Event()
+    stop_watch = threading.Event()
+    began = time.perf_counter()
+    start_offset = progress_file.stat().st_size if progress_file.exists() else 0
+
+    def watch() -> None:
+        offset = start_offset
+        while not stop_watch.is_set():
+            if progress_file.exists():
+                with open(progress_file, encoding="utf-8") as file:
+                    file.seek(offset)
+                    chunk = file.read()
+                    offset = file.tell()
+                for line in chunk.splitlines():
+                    seen.append((time.perf_counter() - began, json.loads(line)["step"]))
+                    if not cancel.is_set():
+                        cancel.set()
+            stop_watch.wait(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    request = build_request(prompt=PROMPT, seed=1234, steps=steps, compile="eager", deterministic=True, tier="272p")
+    plan = engine.plan(request, parse_layout("sp1-cfg1-offload"))
+    engine.start(plan.layout)
+    outcome = "completed (the cancel did not stop it)"
+    try:
+        engine.generate(plan, cancel=cancel)
+    except Cancelled as err:
+        outcome = f"Cancelled: {err}"
+    ended = time.perf_counter() - began
+    time.sleep(8)  # steps the server still runs after the DELETE show up here
+    stop_watch.set()
+    watcher.join()
+    engine.close()
+    cancel_at = seen[0][0] if seen else None
+    after = [(round(t - cancel_at, 2), step) for t, step in seen if cancel_at is not None and t > cancel_at]
+    return {"steps_asked": steps, "outcome": outcome, "cancel_set_s": round(cancel_at, 2) if cancel_at else None,
+            "client_returned_s": round(ended, 2), "progress_lines_after_cancel": after,
+            "last_step_index": seen[-1][1] if seen else None}
+
+
+def stage_server(ckpt: Path, work: Path, results: dict, steps: int) -> None:
+    """``vllm-omni serve … --omni`` from ``serve_command``; ``magi2studio generate --engine vllm-omni-server``
+    T2VA twice and I2VA; one job cancelled after its first step; then a plain request again."""
+
+    import signal
+
+    work.mkdir(parents=True, exist_ok=True)
+    metrics = work / "server-metrics"
+    metrics.mkdir(exist_ok=True)
+    command, process = start_server(ckpt, work, metrics)
+    results["serve_command"] = command
+    try:
+        if attempt(results, "server_healthy_after_s", wait_healthy, process, 420) is None:
+            return
+        attempt(results, "t2va_a", cli_generate, work, metrics, ckpt, steps)
+        attempt(results, "t2va_b", cli_generate, work, metrics, ckpt, steps)
+        attempt(results, "i2va", cli_generate, work, metrics, ckpt, steps, "--image", str(IMAGE))
+        attempt(results, "cancel", cancel_mid_run, ckpt, metrics, 40)
+        attempt(results, "t2va_after_cancel", cli_generate, work, metrics, ckpt, steps)
+        a, b = results.get("t2va_a", {}), results.get("t2va_b", {})
+        if a.get("ok") and b.get("ok"):
+            results["deterministic_twice_identical"] = a["result"]["hashes"] == b["result"]["hashes"]
+        after = results.get("t2va_after_cancel", {})
+        if a.get("ok") and after.get("ok"):
+            results["after_cancel_identical"] = a["result"]["hashes"] == after["result"]["hashes"]
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(30)
+        except Exception:  # noqa: BLE001 - the machine is discarded anyway; the log is what matters
+            os.killpg(process.pid, signal.SIGKILL)
+        log = (work / "server.log").read_text(encoding="utf-8", errors="replace")
+        results["server_log_abort_lines"] = [line[-400:] for line in log.splitlines()
+                                             if "abort" in line.lower() or "cancel" in line.lower()][-30:]
+        results["server_log_tail"] = log[-6000:]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("stage", choices=("checkpoint", "layers", "e2e", "supervision"))
+    parser.add_argument("stage", choices=("checkpoint", "layers", "e2e", "supervision", "server"))
     parser.add_argument("out")
     parser.add_argument("--ckpt", required=True)
     parser.add_argument("--steps", type=int, default=3)
@@ -451,6 +615,8 @@ def main() -> int:
             stage_checkpoint(ckpt, results)
         elif args.stage == "layers":
             attempt(results, "layers_stage", stage_layers, ckpt, results, args.steps)
+        elif args.stage == "server":
+            stage_server(ckpt, Path(args.work or out), results, args.steps)
         elif args.stage == "supervision":
             stage_supervision(ckpt, Path(args.work or out), results, args.steps)
         else:
