@@ -585,11 +585,15 @@ def stage_server(ckpt: Path, work: Path, results: dict, steps: int) -> None:
         if a.get("ok") and after.get("ok"):
             results["after_cancel_identical"] = a["result"]["hashes"] == after["result"]["hashes"]
     finally:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(30)
-        except Exception:  # noqa: BLE001 - the machine is discarded anyway; the log is what matters
-            os.killpg(process.pid, signal.SIGKILL)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(process.pid, sig)
+                process.wait(30)
+                break
+            except ProcessLookupError:  # it had exited (the log says why)
+                break
+            except Exception:  # noqa: BLE001 - SIGTERM not heeded in 30 s: SIGKILL
+                continue
         log = (work / "server.log").read_text(encoding="utf-8", errors="replace")
         results["server_log_abort_lines"] = [line[-400:] for line in log.splitlines()
                                              if "abort" in line.lower() or "cancel" in line.lower()][-30:]
