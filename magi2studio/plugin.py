@@ -19,6 +19,9 @@ Env switches (read in the worker, so set them before the engine starts):
   wrote. Its reduced depth replaces upstream's (:mod:`magi2studio.engines.test_checkpoint`, refused for an
   unmarked tree) and is written to ``test-checkpoint.json``. Unset by default.
 
+Always: MAGI-2's pipeline is opted into upstream's cooperative cancellation, checked at every step
+end (:func:`install_request_cancellation`), so an aborted request stops at the next step boundary.
+
 Idempotent: a second call returns the first call's state. Loud: a hooked or patched name
 missing from the installed vLLM-Omni raises at start-up instead of timing nothing.
 """
@@ -41,7 +44,14 @@ from .engines.metrics_folder import (
     test_checkpoint_file,
 )
 from .engines.test_checkpoint import apply_from_env as apply_test_checkpoint_depth
-from .engines.timing import StepRecord, StepTimer, install_step_hooks, set_process_timer, write_jsonl
+from .engines.timing import (
+    StepRecord,
+    StepTimer,
+    install_step_hooks,
+    set_process_timer,
+    set_step_boundary_check,
+    write_jsonl,
+)
 from .platform import current_platform
 
 ENV_STAGE = "MAGI2STUDIO_STAGE"
@@ -98,6 +108,27 @@ def install_kernel_overrides(environ: Mapping[str, str] = os.environ) -> dict[st
     return {"selection": selection, "installed": install_overrides(selection, current_platform.kernels)}
 
 
+def install_request_cancellation() -> str:
+    """Opt MAGI-2's pipeline into upstream's cooperative cancellation and check it at every step end.
+
+    vLLM-Omni 0.30.0 turns an abort (``DELETE /v1/videos/{id}``'s ``abort_request``, ``Omni.abort``) into a
+    shared-memory flag that only a pipeline declaring ``supports_request_cancellation`` gets, read where that
+    pipeline calls ``check_request_cancellation``. MAGI-2's pipeline declares neither, so on the H100
+    (2026-12-06) a job deleted after step 1 of 40 went on denoising (16 more steps in the 8 s watched) and
+    upstream logged it aborted only 20 s later, when all 40 had run. The engine reads the class attribute
+    when it is built, so this runs in the engine's process as in the workers (both load the plugins first).
+    The check is a no-op without a signal; with several ranks it is one gloo all-reduce per step, so that
+    every rank stops at the same step.
+    """
+
+    from vllm_omni.diffusion.cancellation import check_request_cancellation
+    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import Magi2Pipeline
+
+    Magi2Pipeline.supports_request_cancellation = True
+    set_step_boundary_check(check_request_cancellation)
+    return "vllm_omni.diffusion.cancellation.check_request_cancellation at every step end"
+
+
 def register() -> dict[str, Any]:
     """The entry point: install the step hooks and kernel overrides once per process."""
 
@@ -107,6 +138,7 @@ def register() -> dict[str, Any]:
     test_depth = apply_test_checkpoint_depth()
     sampler_cls = install_step_hooks()
     kernels = install_kernel_overrides()
+    cancellation = install_request_cancellation()
     metrics_dir = os.environ.get(ENV_METRICS_DIR)
     timer = None
     if metrics_dir:
@@ -118,5 +150,6 @@ def register() -> dict[str, Any]:
         if test_depth is not None:
             test_checkpoint_file(folder).write_text(json.dumps(test_depth, sort_keys=True), encoding="utf-8")
     _state = {"sampler": f"{sampler_cls.__module__}.{sampler_cls.__qualname__}", "kernels": kernels,
-              "metrics_dir": metrics_dir, "timer": timer, "test_checkpoint": test_depth}
+              "metrics_dir": metrics_dir, "timer": timer, "test_checkpoint": test_depth,
+              "request_cancellation": cancellation}
     return _state

@@ -110,6 +110,14 @@ class StepTimer:
 
 
 _active: StepTimer | None = None
+_boundary_check: Callable[[], None] | None = None
+
+
+def set_step_boundary_check(check: Callable[[], None] | None) -> None:
+    """Call ``check`` at every step end after the timer (the plugin's cooperative cancellation; it may raise)."""
+
+    global _boundary_check
+    _boundary_check = check
 
 
 @contextmanager
@@ -187,6 +195,8 @@ def install_step_hooks(sampler_cls: type | None = None) -> type:
         result = original_step(self, *args, **kwargs)
         if _active is not None:
             _active.step_end()
+        if _boundary_check is not None:
+            _boundary_check()
         return result
 
     @functools.wraps(original_guided)
@@ -194,6 +204,8 @@ def install_step_hooks(sampler_cls: type | None = None) -> type:
         result = original_guided(*args, **kwargs)
         if _active is not None:
             _active.step_end()
+        if _boundary_check is not None:
+            _boundary_check()
         return result
 
     for wrapper in (sample, prepare_model_input, step, step_guided):

@@ -119,3 +119,30 @@ def test_kernel_overrides_by_env_and_refused_when_a_patched_name_moved(tmp_path)
     assert installed["selection"] == "on" and installed["installed"]["moe"].startswith("ours")
     assert json.loads(lines["FILE"]) == installed
     assert lines["PATCHED"] == "True"
+
+
+@pytest.mark.slow
+def test_an_aborted_request_stops_at_the_next_step_boundary_on_every_rank(tmp_path):
+    """Upstream's abort flag (what DELETE /v1/videos/{id} sets through abort_request) stops MAGI-2's sampler at
+    a step end, every rank at the same step. Without the plugin's opt-in the sampler ran all its steps (seen on
+    the H100: a job deleted after step 1 of 40 denoised to the end)."""
+
+    from multiprocessing.shared_memory import SharedMemory
+
+    from .tiny_sampler import spawn_aborted
+
+    steps = 6
+    for world_size, cfg in ((1, 1), (2, 2)):
+        out = tmp_path / f"world{world_size}"
+        out.mkdir()
+        flag = SharedMemory(create=True, size=1)
+        flag.buf[0] = 0
+        try:
+            spawn_aborted(world_size, cfg, steps, str(out), flag.name, abort_at_step=1)
+        finally:
+            flag.close()
+            flag.unlink()
+        ends = [json.loads((out / f"aborted-rank{rank}.json").read_text()) for rank in range(world_size)]
+        assert {end["ended"] for end in ends} == {"DiffusionRequestAbortedError"}, ends
+        ran = {end["steps"] for end in ends}
+        assert len(ran) == 1 and ran <= {2, 3}, ends  # the flag is set as step 1 begins; a rank may see it a step later

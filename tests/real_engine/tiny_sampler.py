@@ -123,3 +123,62 @@ def spawn(world_size: int, cfg_parallel_size: int, steps: int, out_dir: str) -> 
     import torch.multiprocessing as mp
 
     mp.spawn(run_rank, args=(world_size, free_port(), cfg_parallel_size, steps, out_dir), nprocs=world_size)
+
+
+def run_rank_aborted(rank: int, world_size: int, port: int, cfg_parallel_size: int, steps: int, out_dir: str,
+                     signal_name: str, abort_at_step: int) -> None:
+    """One spawned rank sampling inside upstream's cancellation scope, as its model runner enters it for a
+    request; rank 0 sets the request's abort flag (what ``DiffusionEngine.abort`` writes) as step
+    ``abort_at_step`` begins. Writes how many steps each rank ran and how it ended."""
+
+    import json
+
+    os.environ["MAGI2STUDIO_METRICS_DIR"] = out_dir
+    load_entry_point_plugin()
+    join_group(rank, world_size, port, cfg_parallel_size)
+    from multiprocessing.shared_memory import SharedMemory
+
+    from vllm_omni.platforms.interface import UnspecifiedOmniPlatform
+
+    # An abort drains the device's queued work first; the CPU test platform has no device to drain.
+    UnspecifiedOmniPlatform.synchronize = classmethod(lambda cls: None)
+
+    from vllm_omni.diffusion.cancellation import request_cancellation_scope
+    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import Magi2Pipeline
+    from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
+
+    ran = {"steps": 0}
+    name = "_step_guided" if cfg_parallel_size > 1 else "step"
+    hooked = getattr(Magi2PreviewSampler, name)
+
+    def counting(*args, **kwargs):
+        if rank == 0 and ran["steps"] == abort_at_step:
+            flag = SharedMemory(name=signal_name)
+            flag.buf[0] = 1
+            flag.close()
+        ran["steps"] += 1
+        return hooked(*args, **kwargs)
+
+    setattr(Magi2PreviewSampler, name, counting if name == "step" else staticmethod(counting))
+    sampler = Magi2PreviewSampler(tiny_transformer())
+    try:
+        enabled = getattr(Magi2Pipeline, "supports_request_cancellation", False) is True  # as its model runner asks
+        with request_cancellation_scope([signal_name], enabled=enabled):
+            sampler.sample(sampler_input(steps))
+        ended = "completed"
+    except Exception as err:  # noqa: BLE001 - how it ended is what the test reads
+        ended = type(err).__name__
+    with open(os.path.join(out_dir, f"aborted-rank{rank}.json"), "w", encoding="utf-8") as file:
+        json.dump({"steps": ran["steps"], "ended": ended}, file)
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def spawn_aborted(world_size: int, cfg_parallel_size: int, steps: int, out_dir: str, signal_name: str,
+                  abort_at_step: int) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(run_rank_aborted, args=(world_size, free_port(), cfg_parallel_size, steps, out_dir, signal_name,
+                                     abort_at_step), nprocs=world_size)
