@@ -223,3 +223,48 @@ def test_lock_pins_the_weights_snapshot_vllm_omni_pins():
     assert LOCK["weights"]["repository"] == MAGI2_MODEL_ID
     assert LOCK["weights"]["revision"] == MAGI2_MODEL_REVISION
     assert f"--revision {MAGI2_MODEL_REVISION}" in (ROOT / "docs" / "container.md").read_text()
+
+
+def _buildah_docker_config(container: str | None, hostname: str, label: tuple[str, str] = ("a", "b")) -> str:
+    """A docker-format image config as buildah writes it: Go's field order, compact JSON."""
+    config = {"Hostname": hostname, "Domainname": "", "User": "10001:10001", "Env": ["PATH=/opt/venv/bin:/usr/bin"],
+              "Healthcheck": {"Test": ["CMD", "python3", "-c", "import urllib.request"], "Retries": 3},
+              "Labels": dict([label, ("org.opencontainers.image.revision", "b744b7a0bc95")])}
+    image = {"created": "2026-12-06T08:20:09Z", **({"container": container} if container else {}),
+             "container_config": config, "config": config, "architecture": "amd64", "os": "linux",
+             "parent": "sha256:" + "2" * 64, "rootfs": {"type": "layers", "diff_ids": ["sha256:" + "f" * 64]},
+             "history": [{"created": "2026-12-06T08:20:09Z", "created_by": "/bin/sh -c #(nop) USER 10001:10001"}]}
+    return json.dumps(image, separators=(",", ":"))
+
+
+def test_two_builds_configs_differing_in_buildahs_random_values_are_fixed_to_the_same_bytes():
+    fixed_docker_config = build_image_module().fixed_docker_config
+    first = _buildah_docker_config("a8c2c0463c6a" + "1" * 52, "9dfda32c6bd9")
+    second = _buildah_docker_config("90a1a7a561b7" + "2" * 52, "15c40147ccf4")
+    assert first != second and fixed_docker_config(first) == fixed_docker_config(second)
+    # What buildah 1.41+ writes itself under --timestamp, and nothing else changed.
+    assert fixed_docker_config(first) == _buildah_docker_config(None, "sandbox")
+    assert fixed_docker_config(_buildah_docker_config(None, "sandbox")) == _buildah_docker_config(None, "sandbox")
+    # A base's own hostname is the recipe's, not a draw: kept.
+    own = _buildah_docker_config(None, "studio-host")
+    assert fixed_docker_config(own) == own
+
+
+def test_a_random_looking_value_outside_buildahs_fields_is_refused_not_edited():
+    fixed_docker_config = build_image_module().fixed_docker_config
+    labelled = _buildah_docker_config(None, "sandbox", label=("container", "c" * 64))
+    with pytest.raises(ValueError, match="outside the fields buildah writes them to"):
+        fixed_docker_config(labelled)
+
+
+def test_both_builders_date_the_image_and_every_file_by_the_commit():
+    """buildah's --timestamp and BuildKit's rewrite-timestamp: the layer's file times, not only the config's."""
+    build_command = build_image_module().build_command
+    args = {"MAGI2_PLATFORM": "cpu", "SOURCE_DATE_EPOCH": "1796538584"}
+    docker, buildah = (build_command(builder, tags=["magi2studio:cpu"], args=args, secrets={}, ro_mounts=[])
+                       for builder in ("docker", "buildah"))
+    for cmd in (docker, buildah):
+        assert cmd[cmd.index("SOURCE_DATE_EPOCH=1796538584") - 1] == "--build-arg"
+    assert docker[docker.index("--output") + 1] == "type=docker,rewrite-timestamp=true"
+    assert "--provenance=false" in docker
+    assert buildah[buildah.index("--timestamp") + 1] == "1796538584" and "--identity-label=false" in buildah
