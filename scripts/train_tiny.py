@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the embedded engine's tiny MAGI-2 on captioned scenes, on the CPU, from one seed.
+"""Train the embedded engine's tiny MAGI-2 on captioned scenes from one seed (the DiT on the CPU or a GPU).
 
     .venv/bin/python scripts/train_tiny.py --work /tmp/train --phase decoders
     .venv/bin/python scripts/train_tiny.py --work /tmp/train --phase dit
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,12 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-every", type=int, default=0,
                         help="dit: also write dit.pt (and its log) every N steps, as dit.pt's 'step' says")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--device", default="cpu",
+                        help="dit: where the DiT trains (cpu or cuda; batches are drawn on the CPU either way; "
+                             "on CUDA with torch's deterministic algorithms)")
     args = parser.parse_args(argv)
     if args.phase in ("pack", "all") and args.out is None:
         parser.error("--out: pack writes the checkpoint there; name a folder, e.g. --out /tmp/tiny-trained")
 
+    if args.device != "cpu":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic GEMMs
     import torch
 
+    if args.device != "cpu":
+        torch.use_deterministic_algorithms(True)  # index_add's backward, in upstream's torch MoE, uses atomics
     from magi2studio.engines.embedded import upstream_patches
     from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
     from magi2studio.engines.embedded.components import load_components
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < settings.dit_steps:
                     _save_dit(args.work, components.transformer, log, step + 1)
 
-            trainer.train_dit(components, examples, settings, log, generator, on_step=report)
+            trainer.train_dit(components, examples, settings, log, generator, on_step=report, device=args.device)
             _save_dit(args.work, components.transformer, log, settings.dit_steps)
         else:
             missing = [name for name in ("decoders.pt", "dit.pt") if not (args.work / name).is_file()]
@@ -119,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 def _save_dit(work: Path, transformer, log, steps_done: int) -> None:
     """dit.pt with the steps it has had; the log so far beside it."""
 
-    state = {k: v.detach().clone() for k, v in transformer.state_dict().items()}
+    state = {k: v.detach().to("cpu", copy=True) for k, v in transformer.state_dict().items()}
     log.seconds["dit_steps_done"] = steps_done
     _save(work / "dit.pt", state)
     _write_text(work / "log-dit.json", log.to_json())

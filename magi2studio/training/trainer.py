@@ -279,7 +279,24 @@ def dit_loss(transformer, data_proxy, model_input, video_target: torch.Tensor, a
 
 
 def train_dit(components, examples: list[Example], settings: TrainSettings, log: TrainLog,
-              generator: torch.Generator, on_step: Callable[[int, float], None] | None = None) -> None:
+              generator: torch.Generator, on_step: Callable[[int, float], None] | None = None,
+              device: str = "cpu") -> None:
+    """AdamW on upstream's forward; batches drawn on the CPU from ``generator`` on any ``device``
+    (on a GPU through upstream's differentiable torch paths, :mod:`.on_device`)."""
+
+    from .on_device import differentiable_upstream_paths
+
+    target = torch.device(device)
+    components.transformer.to(target)
+    try:
+        with differentiable_upstream_paths():
+            _train_dit(components, examples, settings, log, generator, on_step, target)
+    finally:
+        components.transformer.to("cpu")
+
+
+def _train_dit(components, examples, settings, log, generator, on_step, target) -> None:
+    from .on_device import batch_to
     from vllm_omni.diffusion.models.magi2.pipeline_magi2 import DEFAULT_NEGATIVE_PROMPT
     from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
     from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
@@ -304,8 +321,8 @@ def train_dit(components, examples: list[Example], settings: TrainSettings, log:
         pick = torch.randint(len(examples), (settings.batch,), generator=generator).tolist()
         i2va = bool(torch.rand((), generator=generator) < settings.i2va_share)
         with torch.no_grad():
-            batch = dit_batch(sampler, conditioning, components.image_encoder, components.text_encoder, examples,
-                              pick, i2va, generator)
+            batch = batch_to(dit_batch(sampler, conditioning, components.image_encoder, components.text_encoder,
+                                       examples, pick, i2va, generator), target)
         video_loss, audio_loss = dit_loss(transformer, proxy, *batch)
         loss = video_loss + audio_loss
         optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,54 @@
+"""The GPU training path's two pieces, checked on the CPU (the GPU run is in docs/performance.md)."""
+
+import torch
+
+from magi2studio.training.on_device import batch_to, differentiable_upstream_paths
+
+
+def test_the_patched_cuda_paths_are_upstreams_torch_paths_with_gradients():
+    """On CUDA upstream calls ``triton_mh_moe_forward`` and ``packed_attention_with_sink``'s FlashAttention
+    branch (no backward); inside the context both names give upstream's CPU results and gradients."""
+
+    from vllm_omni.diffusion.models.magi2 import attention, mh_moe
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(7, 4, 16, generator=generator) for _ in range(3))
+    sink = torch.randn(1, 4, generator=generator, requires_grad=True)
+    varlen = attention.VarlenHandler(torch.tensor([0, 3, 7], dtype=torch.int32),
+                                     torch.tensor([0, 3, 7], dtype=torch.int32))
+    expected = attention.torch_varlen_attention_with_sink(q, k, v, cu_seqlens_q=varlen.cu_seqlens_q,
+                                                          cu_seqlens_k=varlen.cu_seqlens_k, sink=sink)
+    original_moe = mh_moe.triton_mh_moe_forward
+    with differentiable_upstream_paths():
+        got = attention.packed_attention_with_sink(q, k, v, varlen, sink=sink)
+        assert mh_moe.triton_mh_moe_forward is not original_moe
+    assert mh_moe.triton_mh_moe_forward is original_moe  # restored
+    assert torch.equal(got, expected)
+    got.sum().backward()
+    assert sink.grad is not None and sink.grad.abs().sum() > 0
+
+    heads, tokens, experts, top_k, d_head, d_expert = 2, 5, 4, 2, 8, 6
+    x = torch.randn(tokens, heads, d_head, generator=generator)
+    logits = torch.randn(heads, tokens, experts, generator=generator)
+    probs, indices = torch.softmax(logits, -1).topk(top_k, dim=-1)
+    gather_ids, sorted_probs, offsets = mh_moe.global_sort_routes(probs, indices, experts)
+    weights = [torch.randn(heads * experts, *shape, generator=generator) * 0.1
+               for shape in ((d_head, d_expert), (d_head, d_expert), (d_expert, d_head))]
+    reference = mh_moe.torch_mh_moe_forward(x, gather_ids, sorted_probs, offsets, *weights)  # upstream's W layout
+    with differentiable_upstream_paths():
+        routed = mh_moe.triton_mh_moe_forward(x, gather_ids, sorted_probs, offsets, *weights, deterministic=True)
+    assert torch.equal(routed, reference)
+
+
+def test_every_tensor_of_a_batch_moves_and_the_cpus_batch_stays_as_it_is():
+    from vllm_omni.diffusion.models.magi2.preview_data_proxy import ModelInput
+
+    model_input = ModelInput(x_t=torch.zeros(1, 2), audio_x_t=torch.zeros(1, 2), audio_feat_len=[2],
+                             txt_feat=torch.zeros(1, 3, 4), txt_feat_len=torch.tensor([3]), t=torch.zeros(1),
+                             ref_image_feat=torch.zeros(1, 1, 2, 1, 2, 2))
+    batch = (model_input, torch.zeros(2), torch.ones(2))
+    assert batch_to(batch, torch.device("cpu")) is batch
+    moved, *rest = batch_to(batch, torch.device("meta"))
+    tensors = [getattr(moved, name) for name in vars(moved) if isinstance(getattr(moved, name), torch.Tensor)]
+    assert len(tensors) == 6 and all(t.device.type == "meta" for t in [*tensors, *rest])
+    assert moved.audio_feat_len == [2] and model_input.x_t.device.type == "cpu"
