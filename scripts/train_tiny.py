@@ -51,7 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic GEMMs
     import torch
 
-    if args.device != "cpu":
+    kind, _, number = args.device.partition(":")
+    if kind not in ("cpu", "cuda") or (number and (kind == "cpu" or not number.isdigit())):
+        parser.error(f"--device: {args.device!r} is not a device this trains on; use cpu, cuda or cuda:N")
+    if kind == "cuda":
+        if int(number or 0) >= torch.cuda.device_count():
+            parser.error(f"--device: {args.device} asked, but torch {torch.__version__} sees "
+                         f"{torch.cuda.device_count()} CUDA device(s) here; use --device cpu, or cuda:N below that "
+                         "count (docs/performance.md, 'Training the tiny DiT on a GPU')")
         torch.use_deterministic_algorithms(True)  # index_add's backward, in upstream's torch MoE, uses atomics
     from magi2studio.engines.embedded import upstream_patches
     from magi2studio.engines.embedded.checkpoint import ensure_checkpoint

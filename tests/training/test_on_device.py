@@ -52,3 +52,20 @@ def test_every_tensor_of_a_batch_moves_and_the_cpus_batch_stays_as_it_is():
     tensors = [getattr(moved, name) for name in vars(moved) if isinstance(getattr(moved, name), torch.Tensor)]
     assert len(tensors) == 6 and all(t.device.type == "meta" for t in [*tensors, *rest])
     assert moved.audio_feat_len == [2] and model_input.x_t.device.type == "cpu"
+
+
+def test_a_device_it_cannot_train_on_is_one_line_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "train_tiny.py"
+    for device, words in (("foo", "is not a device this trains on"), ("cuda:7", "cuda")):
+        if device.startswith("cuda") and torch.cuda.device_count() > 7:
+            continue
+        done = subprocess.run([sys.executable, str(script), "--work", str(tmp_path / "work"), "--phase", "dit",
+                               "--device", device], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("train_tiny.py: error: --device:") and words in last and "Traceback" not in done.stderr
+        assert not (tmp_path / "work").exists()
