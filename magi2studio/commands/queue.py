@@ -288,13 +288,16 @@ def run_jobs(args: argparse.Namespace) -> int:
 
 
 def _next_job(queue):
-    """The next waiting job, claimed; while the queue is paused and jobs wait, wait for a resume."""
+    """The next waiting job, claimed; while the queue is paused and jobs wait, wait for a resume (reading only)."""
     said = False
     while True:
-        record = queue.claim_next()
         state = queue.read()
-        if record is not None or not (state.paused and state.waiting()):
-            return record
+        if not state.paused:
+            record = queue.claim_next()
+            if record is not None or not queue.read().paused:  # paused between the read and the claim: wait
+                return record
+        elif not state.waiting():
+            return None
         if not said:
             print(f"paused: {len(state.waiting())} waiting; magi2studio queue resume starts them", flush=True)
             said = True

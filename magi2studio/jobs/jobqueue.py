@@ -233,7 +233,7 @@ class JobQueue:
             state.jobs = [next(slots) if other.state == "waiting" else other for other in state.jobs]
         return target + 1
 
-    def edit(self, job_id: str, request: dict[str, Any], layout: str, *, seed_drawn: bool = False) -> JobRecord:
+    def edit(self, job_id: str, request: dict[str, Any], layout: str, seed_drawn: bool = False) -> JobRecord:
         """Replace a waiting job's request and layout (the caller planned them); refused once it has started."""
         with self._changing() as state:
             updated = replace(_waiting_job(state, job_id, "edited"), request=request, layout=layout,
