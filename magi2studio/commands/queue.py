@@ -222,7 +222,7 @@ def watch_queue(args: argparse.Namespace) -> int:
                 last = line
             time.sleep(args.interval)
     except KeyboardInterrupt:
-        print(("\r\033[K" if interactive else "\n") + "stopped watching; the queue goes on", flush=True)
+        print(("\r\033[K" if interactive else "") + "stopped watching; the queue goes on", flush=True)
         return 0
 
 

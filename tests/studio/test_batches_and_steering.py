@@ -228,3 +228,97 @@ def test_queue_pause_resume_move_and_watch(tmp_path, capsys):
     assert capsys.readouterr().out == "resumed: 3 waiting\n" and not JobQueue(out).read().paused
     assert cli.main(["queue", "move", "--out", str(out), "ffffffff", "down"]) == 2
     assert capsys.readouterr().err.startswith("error: job: 'ffffffff' is not a job in the queue. Fix: ")
+
+
+# -- the studio's door -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def door():
+    """What the batch form's planning uses of the studio: the engine, its capabilities, no upload folder."""
+    from types import SimpleNamespace
+
+    from magi2studio.engines import get_engine
+
+    engine = get_engine("embedded")
+    return SimpleNamespace(engine=engine, capabilities=engine.capabilities(), uploads=None)
+
+
+def test_the_studio_plans_every_run_of_a_batch_at_the_door(door):
+    from magi2studio.studio.batch_panel import plan_batch
+
+    form = {"prompt": "A kite", "seed": -1, "steps": "2", "layout_preset": "sp1-cfg1"}
+    plans = plan_batch(form, {"count": 2, "seed_policy": "random", "steps": "2,3"}, door)
+    assert [plan.request.steps for plan, _ in plans] == [2, 2, 3, 3]
+    assert all(plan.resolved["seed_asked"] == -1 for plan, _ in plans)  # each drawn seed recorded as -1 is
+    assert [label for _, label in plans] == [f"seed {plan.request.seed} · steps {plan.request.steps}"
+                                             for plan, _ in plans]
+    with pytest.raises(InputError, match=r"^prompt: .*Fix: "):  # the base form is checked as Generate checks it
+        plan_batch({**form, "prompt": " "}, {"count": 2}, door)
+    with pytest.raises(InputError, match=r"^layout: .*Fix: "):  # the engine refuses one combination: no plans
+        plan_batch(form, {"layouts": "sp1-cfg1,sp2-cfg2-ep3"}, door)
+
+
+def _running_job(root):
+    from magi2studio.jobs.runner import RunnerLock
+
+    queue = JobQueue(root)
+    job = queue.add(BASE, "sp1-cfg1", owner="cli", source="cli")
+    runner = RunnerLock(root)
+    queue.claim_next()
+    return queue, job, runner
+
+
+def test_the_runner_publishes_progress_for_watch_at_most_twice_a_second(tmp_path):
+    from magi2studio.engines.base import Progress
+    from magi2studio.jobs.runner import _published, read_progress
+
+    queue, job, runner = _running_job(tmp_path)
+    runner.release()
+    seen = []
+    publish = _published(seen.append, tmp_path, job)
+    publish(Progress("preview", step=0, total=4))
+    publish(Progress("preview", step=1, total=4))  # within 0.5 s: passed on, not written
+    assert read_progress(tmp_path)["step"] == 0 and len(seen) == 2
+    publish(Progress("preview", step=3, total=4))  # the last step is always written
+    publish(Progress("decode_video"))  # so is a stage
+    assert read_progress(tmp_path) == {**read_progress(tmp_path), "job": job.id, "stage": "decode_video", "step": None}
+
+
+def test_queue_watch_follows_the_running_job_until_the_queue_is_idle(tmp_path, capsys):
+    import threading
+    import time
+
+    from magi2studio.jobs.runner import PROGRESS_FILE
+
+    queue, job, runner = _running_job(tmp_path)
+    (tmp_path / PROGRESS_FILE).write_text(json.dumps({"job": job.id, "ticket": 1, "stage": "preview", "step": 2,
+                                                      "total": 8, "message": "", "written": 0}))
+
+    def finish() -> None:
+        time.sleep(1.0)
+        queue.update(job.id, state="done", finished=time.time(), run="20261206-000000-t2va-272p-s5-abc")
+
+    threading.Thread(target=finish).start()
+    try:
+        assert cli.main(["queue", "watch", "--out", str(tmp_path), "--interval", "0.1"]) == 0
+    finally:
+        runner.release()
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(rf"#1 {job.id[:8]} preview step 3/8 · \d+ s · 0 waiting", lines[0])
+    assert lines[-2:] == [f"#1 {job.id[:8]} done: 20261206-000000-t2va-272p-s5-abc", "queue idle"]
+
+
+def test_queue_watch_ends_on_ctrl_c_with_one_line(tmp_path, capsys, monkeypatch):
+    from magi2studio.commands import queue as queue_command
+
+    queue, job, runner = _running_job(tmp_path)
+
+    def interrupted(_seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(queue_command.time, "sleep", interrupted)
+    try:
+        assert cli.main(["queue", "watch", "--out", str(tmp_path)]) == 0
+    finally:
+        runner.release()
+    assert capsys.readouterr().out.splitlines() == [f"#1 {job.id[:8]} starting · 0 s · 0 waiting",
+                                                    "stopped watching; the queue goes on"]

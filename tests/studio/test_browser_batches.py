@@ -64,7 +64,7 @@ def test_a_batch_of_three_ends_as_a_grid_of_posters(batch_page):
     grid.scroll_into_view_if_needed()
     IMAGES.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(IMAGES / "studio-batch-grid.png"), full_page=False)
-    grid.locator("#results-batch-gallery button").nth(2).click()  # "open" goes to each run
+    grid.locator("button.thumbnail-item").nth(2).click()  # "open" goes to each run
     page.locator("#run-headline").get_by_text("9303", exact=True).wait_for(timeout=30_000)
 
 
@@ -77,8 +77,10 @@ def test_a_seed_sweep_shows_as_a_grid_in_history(batch_page):
     for seed in (9311, 9312):
         row(page, f"seed {seed} ").locator("td", has_text=DONE).wait_for(state="attached", timeout=300_000)
     page.get_by_role("tab", name="History").click()
-    page.locator("#history-search input, #history-search textarea").first.fill("9312")
-    page.locator("#history-gallery button").first.click(timeout=60_000)
+    page.locator("#history-gallery img").first.wait_for(state="visible", timeout=30_000)
+    page.locator("#history-search input, #history-search textarea").first.fill("seed 9312")
+    page.locator("#history-count").get_by_text("1 of").wait_for(timeout=30_000)
+    page.locator("#history-gallery img").first.click()
     grid = page.locator("#history-batch")
     grid.wait_for(timeout=30_000)
     grid.get_by_text("seed 9311", exact=True).wait_for(timeout=30_000)
@@ -106,7 +108,7 @@ def test_pause_holds_a_batch_while_it_is_moved_and_edited_then_resume_runs_it(st
                            timeout=30_000)
     first.get_by_role("button", name="down", exact=True).click()
     page.wait_for_function("() => [...document.querySelectorAll('#job-panel tr')].find("
-                           "r => r.innerText.includes('run 1 of 3'))?.innerText.includes('position 3')",
+                           "r => r.innerText.includes('run 1 of 3'))?.innerText.includes('position 2')",
                            timeout=30_000)
     first.get_by_role("button", name="edit", exact=True).click()
     page.locator("#job-edit-bar").wait_for(timeout=30_000)
@@ -122,5 +124,5 @@ def test_pause_holds_a_batch_while_it_is_moved_and_edited_then_resume_runs_it(st
     jobs = [job for job in JobQueue(studio.outputs).read().jobs if job.label.endswith("of 3")
             and job.request["prompt"].startswith("A clock ticks")]
     order = sorted(jobs, key=lambda job: job.started)
-    assert [job.label for job in order] == ["run 2 of 3", "run 3 of 3", "run 1 of 3"]  # moved: ran in that order
-    assert order[-1].request["seed"] == 9329  # edited while waiting
+    assert [job.label for job in order] == ["run 3 of 3", "run 1 of 3", "run 2 of 3"]  # moved: ran in that order
+    assert order[1].request["seed"] == 9329  # edited while waiting
