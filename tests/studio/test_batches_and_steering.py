@@ -254,7 +254,7 @@ def test_the_studio_plans_every_run_of_a_batch_at_the_door(door):
     with pytest.raises(InputError, match=r"^prompt: .*Fix: "):  # the base form is checked as Generate checks it
         plan_batch({**form, "prompt": " "}, {"count": 2}, door)
     with pytest.raises(InputError, match=r"^layout: .*Fix: "):  # the engine refuses one combination: no plans
-        plan_batch(form, {"layouts": "sp1-cfg1,sp2-cfg2-ep3"}, door)
+        plan_batch(form, {"layouts": "sp1-cfg1,sp3-cfg1"}, door)
 
 
 def _running_job(root):
