@@ -14,9 +14,10 @@ runs show their batch and what sets each apart. Pause, resume and edit are
 from __future__ import annotations
 
 import html
+import os
 import time
-from urllib.parse import quote
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import gradio as gr
 
@@ -58,7 +59,7 @@ class JobPanel:
     notice: gr.Markdown = None
     _owners: dict[str, str] = field(default_factory=dict)
     _estimates: dict[str, Estimate | None] = field(default_factory=dict)
-    _posters: dict[str, str | None] = field(default_factory=dict)  # run folder name -> its poster's served URL
+    _posters: dict[str, str | None] = field(default_factory=dict)  # run folder name -> its poster's cached copy
     steering: queue_steering.Steering | None = None
 
     def claim(self, session_hash: str | None, client: str) -> None:
@@ -93,11 +94,14 @@ class JobPanel:
         self._estimates.pop(job_id, None)
 
     def _poster(self, run: str | None) -> str | None:
-        """The finished run's poster as a served URL (a cached copy, made once per run)."""
-        if run and run not in self._posters:
-            copy = cached(self.ctx.outputs_root / run / "poster.jpg", self.ctx.outputs_root)
-            self._posters[run] = f"gradio_api/file={quote(copy)}" if copy else None
-        return self._posters.get(run) if run else None
+        """The finished run's poster as a served URL: a copy in Gradio's cache, made again only once the cache
+        sweeper has removed it (``served.CacheSweeper``)."""
+        if not run:
+            return None
+        copy = self._posters.get(run)
+        if copy is None or not os.path.exists(copy):
+            copy = self._posters[run] = cached(self.ctx.outputs_root / run / "poster.jpg", self.ctx.outputs_root)
+        return f"gradio_api/file={quote(copy)}" if copy else None
 
     def rows(self, now: float | None = None, request: gr.Request | None = None) -> list[dict[str, str]]:
         """One dict per shown job: running first, then waiting in order, then the newest finished."""
