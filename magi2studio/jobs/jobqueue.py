@@ -9,6 +9,9 @@ one finishes), so a pause survives a restart; the waiting jobs' order in the fil
 they run in (``move``). One process at a time runs jobs (the studio, or ``queue run``): it holds
 ``.queue-runner.lock`` for its lifetime; a job it finds ``running`` when it starts was
 running when the previous runner died, and is marked ``interrupted``.
+
+Over 300 lines on purpose: every change to the file (add, a batch, cancel, pause, move, edit,
+the runner's claims) is a method of :class:`JobQueue` under its one lock (``_changing``).
 """
 
 from __future__ import annotations

@@ -308,7 +308,7 @@ def test_queue_watch_follows_the_running_job_until_the_queue_is_idle(tmp_path, c
 
 
 def test_queue_watch_ends_on_ctrl_c_with_one_line(tmp_path, capsys, monkeypatch):
-    from magi2studio.commands import queue as queue_command
+    from magi2studio.commands import queue_watch as queue_command
 
     queue, job, runner = _running_job(tmp_path)
 
