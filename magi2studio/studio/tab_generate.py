@@ -24,7 +24,7 @@ from ..vocabulary.layouts import PRESETS
 from ..vocabulary.request import RANDOM_SEED, draw_seed
 from ..vocabulary.tiers import TIERS
 from . import form as F
-from . import job_panel, session_state
+from . import batch_panel, job_panel, session_state
 from . import layout_picker as LP
 from .context import StudioContext
 from .endpoint import one_parameter_per_field, uploads_only
@@ -98,6 +98,7 @@ def build(ctx: StudioContext) -> None:
                     negative = gr.Textbox(label=F.label("negative_prompt"), lines=2, elem_id="negative-prompt",
                                           placeholder=F.help_text("negative_prompt"))
                 panel = job_panel.build(ctx)  # the job list fills the column's free space
+                batch_panel.build_form(ctx, panel)
             with gr.Column(scale=2):
                 with gr.Row(equal_height=True):
                     seed = gr.Number(value=F.default("seed"), label=f"{F.label('seed')} (-1: random)",
