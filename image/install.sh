@@ -31,20 +31,28 @@ if [ "$drop_cuda" = 1 ] && [ "$target" != cpu ]; then
 fi
 py="${PYTHON:-python3}"
 pip() { "$py" -m pip "$@"; }
-pip install -q --upgrade pip
+# MAGI2_PIP_REPORTS (the image build sets it): each install writes pip's JSON report there, the
+# only record of the sha256 of every wheel that went in (image/sbom.py reads them).
+reports=0
+pip_install() {
+  reports=$((reports + 1))
+  pip install ${MAGI2_PIP_REPORTS:+--report "$MAGI2_PIP_REPORTS/$(printf %02d "$reports").json"} "$@"
+}
+[ -n "${MAGI2_PIP_REPORTS:-}" ] && mkdir -p "$MAGI2_PIP_REPORTS"
+pip_install -q pip==26.3
 upstream=(-r "$here/requirements-upstream.txt")
 case "$target" in
   cpu)
     # MAGI2_TORCH_INDEX_URL (the image sets PyTorch's CPU index) keeps PyPI's CUDA build out.
-    pip install -q ${MAGI2_TORCH_INDEX_URL:+--index-url "$MAGI2_TORCH_INDEX_URL"} torch==2.13.0
+    pip_install -q ${MAGI2_TORCH_INDEX_URL:+--index-url "$MAGI2_TORCH_INDEX_URL"} torch==2.13.0
     # Without their CUDA-only dependency lists; xgrammar likewise (it pulls triton).
-    pip install -q --no-deps vllm==0.30.0 vllm-omni==0.30.0 xgrammar==0.2.9 apache-tvm-ffi==0.1.11 ;;
+    pip_install -q --no-deps vllm==0.30.0 vllm-omni==0.30.0 xgrammar==0.2.9 apache-tvm-ffi==0.1.11 ;;
   cuda)
     # The base carries torch 2.13.0 and vLLM 0.30.0; the upstream pins only constrain.
-    pip install -q -c "$here/requirements-upstream.txt" vllm-omni==0.30.0
+    pip_install -q -c "$here/requirements-upstream.txt" vllm-omni==0.30.0
     upstream=() ;;
   musa)
-    pip install -q torchada==0.1.103
+    pip_install -q torchada==0.1.103
     upstream=()
     # torchada maps CUDA-style calls onto torch_musa only if it is imported before the rest
     # of the torch ecosystem (seed 3.2): a .pth line does that in every process, workers too.
@@ -53,12 +61,16 @@ case "$target" in
 esac
 reqs=("${upstream[@]}" -r "$here/requirements-app.txt")
 [ "$dev" = 1 ] && reqs+=(-r "$here/requirements-test.txt")
-pip install -q -c "$here/requirements-upstream.txt" "${reqs[@]}"
-if [ "$editable" = 1 ]; then pip install -q --no-deps -e "$root"; else pip install -q --no-deps "$root"; fi
+pip_install -q -c "$here/requirements-upstream.txt" "${reqs[@]}"
+if [ "$editable" = 1 ]; then pip_install -q --no-deps -e "$root"; else pip_install -q --no-deps "$root"; fi
 if [ "$drop_cuda" = 1 ]; then
   vllm_dir="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm"
   mapfile -t cuda_kernels < <(find "$vllm_dir" -name '*.so' -exec grep -l 'libcudart\.so' {} +)
   [ "${#cuda_kernels[@]}" -gt 0 ] && rm -f "${cuda_kernels[@]}"
+  # vLLM's RECORD still lists them: the SBOM names them, so the drift check expects them gone.
+  if [ -n "${MAGI2_PIP_REPORTS:-}" ]; then
+    printf '%s\n' "${cuda_kernels[@]#"$(dirname "$vllm_dir")/"}" | sort > "$MAGI2_PIP_REPORTS/dropped-files.txt"
+  fi
   echo "install.sh: dropped ${#cuda_kernels[@]} CUDA extension modules of vLLM (they link libcudart)"
 fi
 "$py" -c "import magi2studio, vllm_omni.diffusion.models.magi2.sampler_magi2" 2>/dev/null \

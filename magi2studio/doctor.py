@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from . import determinism
+from . import determinism, drift
 from .run_folder import provenance
 from .engines import ENGINE_NAMES
 from .errors import InputError
@@ -100,7 +100,13 @@ def collect(root: str | None = None, tier: str = "272p") -> dict[str, Any]:
         "mux": mux_tools(),
         "weights": weights_section(root, tier),
         "engines": engine_capabilities(platform["platform"]),
+        "drift": _drift_section(),
     }
+
+
+def _drift_section() -> dict[str, Any] | None:
+    found = drift.check()
+    return None if found is None else found.as_dict()
 
 
 def _build_info_summary() -> dict[str, Any] | None:
@@ -150,6 +156,7 @@ def render(report: dict[str, Any]) -> list[str]:
         state = {True: "ok", False: "NOT OK", None: weights.get("note")}[weights["ok"]]
         lines.append(f"weights: {state} at {weights.get('root', '?')}")
         lines += [f"  {p['path']}: {p['problem']}" for p in weights["problems"]]
+    lines += render_drift(report["drift"])
     for name, engine in report["engines"].items():
         if not engine["available"]:
             lines.append(f"engine {name}: not available here ({engine['reason']})")
@@ -163,4 +170,19 @@ def render(report: dict[str, Any]) -> list[str]:
         for layout, reason in engine["layouts_272p"].items():
             if reason is not None:
                 lines.append(f"  layout {layout}: {reason}")
+    return lines
+
+
+def render_drift(found: dict[str, Any] | None, most: int = 40) -> list[str]:
+    """The drift verdict: the environment against the image's SBOM and lock, every difference named."""
+    if found is None:
+        return [f"drift: not checked (no SBOM at {drift.SBOM_PATH}: not running in the magi2studio image)"]
+    counted = (f"{found['distributions']} Python distributions ({found['files_checked']} files by their RECORD "
+               f"sha256), {found['debian_packages']} Debian packages")
+    if found["ok"]:
+        return [f"drift: none: the environment equals the image's SBOM and lock ({counted})"]
+    lines = [f"drift: {len(found['differences'])} difference(s) from the image's SBOM and lock ({counted})"]
+    lines += [f"  {line}" for line in found["differences"][:most]]
+    if len(found["differences"]) > most:
+        lines.append(f"  ... and {len(found['differences']) - most} more (magi2studio doctor --json lists all)")
     return lines

@@ -142,6 +142,13 @@ class Engine(ABC):
     def start(self, layout: Layout) -> bool:
         """Make the engine ready for ``layout``; return True if that (re)started it."""
 
+    def not_ready(self) -> str | None:
+        """Why this engine cannot take a job now (the studio's /health/ready), or None when it can.
+
+        The default suits an engine whose weights are generated at first use (the embedded one).
+        """
+        return None
+
     @property
     @abstractmethod
     def layout(self) -> Layout | None: ...

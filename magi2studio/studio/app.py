@@ -16,6 +16,7 @@ import gradio as gr
 from ..engines.base import Engine
 from ..vocabulary.layouts import parse_layout
 from ..run_folder.runs import check_outputs_root
+from . import health
 from .context import ASSETS, MAX_UPLOAD_BYTES, StudioContext
 from .served import ServedFiles, StudioBlocks
 from .slot import EngineSlot
@@ -75,4 +76,6 @@ def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -
         # (it printed "[object Object]" and raw update dicts); History is the record here.
         "run_history": False,
         "js": (ASSETS / "studio.js").read_text(encoding="utf-8"),
+        # /health/live and /health/ready, ahead of Gradio's routes (health.py).
+        "app_kwargs": {"routes": health.routes(ctx)},
     }

@@ -122,6 +122,11 @@ class EngineSlot:
         """idle (engine not started yet), loading, ready or busy."""
         return self._state
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` began: the slot takes no job (the studio's /health/ready says so)."""
+        return self._closed
+
     def snapshot(self) -> QueueState:
         """The queue as last read or written (the worker re-reads it when another process changes it)."""
         with self._cond:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCK = yaml.safe_load((ROOT / "image" / "lock.yaml").read_text(encoding="utf-8"))
 DOCKERFILE = (ROOT / "image" / "Dockerfile").read_text(encoding="utf-8")
 EXACT = re.compile(r"^\d+(\.\d+)*([a-z0-9.+-]*)$")
-KNOWN_KEYS = {"schema", "base_images", "python", "magi2studio", "vllm", "vllm_omni", "torch", "torchada",
+KNOWN_KEYS = {"schema", "base_images", "python", "pip", "magi2studio", "vllm", "vllm_omni", "torch", "torchada",
               "ffmpeg", "sandai_assets", "weights"}
 PLATFORMS = ("cpu", "cuda", "musa")
 
@@ -38,7 +38,7 @@ def lock_problems(lock: dict) -> list[str]:
             problems.append(f"base_images: unknown platform {platform!r}")
         if ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest") or "@" in image:
             problems.append(f"base_images.{platform}: {image!r} must be a fixed tag (digests are recorded at build)")
-    versions = {"magi2studio": lock.get("magi2studio", {}).get("version"),
+    versions = {"pip": lock.get("pip"), "magi2studio": lock.get("magi2studio", {}).get("version"),
                 "vllm": lock.get("vllm", {}).get("version"), "vllm_omni": lock.get("vllm_omni", {}).get("version"),
                 "torchada": lock.get("torchada", {}).get("version"), "pyav": lock.get("ffmpeg", {}).get("pyav"),
                 "torch.cpu": lock.get("torch", {}).get("cpu", {}).get("version"),
@@ -116,6 +116,7 @@ def test_pyproject_requirements_and_install_script_equal_the_lock():
     assert f"vllm-omni=={LOCK['vllm_omni']['version']}" in install
     assert f"torch=={LOCK['torch']['cpu']['version']}" in install
     assert f"torchada=={LOCK['torchada']['version']}" in install
+    assert f"pip_install -q pip=={LOCK['pip']}\n" in install
     # Every requirement file pins exactly, and pyproject's pins agree with them.
     for name in ("requirements-app.txt", "requirements-upstream.txt", "requirements-test.txt"):
         for line in (ROOT / "image" / name).read_text().splitlines():
@@ -156,7 +157,7 @@ def test_image_env_is_the_deterministic_module():
 def test_image_runs_as_non_root_with_healthcheck_and_entrypoint():
     users = re.findall(r"^USER (\S+)$", DOCKERFILE, re.M)
     assert users and users[-1].split(":")[0] not in ("0", "root")
-    assert re.search(r"^HEALTHCHECK .*\n\s+CMD .*127\.0\.0\.1:7860", DOCKERFILE, re.M)
+    assert re.search(r"^HEALTHCHECK .*\n\s+CMD .*127\.0\.0\.1:7860/health/ready'", DOCKERFILE, re.M)
     assert re.search(r'^ENTRYPOINT \["magi2studio"\]$', DOCKERFILE, re.M)
     served = build_parser().parse_args(json.loads(re.search(r"^CMD (\[.*\])$", DOCKERFILE, re.M)[1]))
     assert (served.command, served.host, served.port, served.engine) == ("studio", "0.0.0.0", 7860, "embedded")

@@ -47,6 +47,7 @@ class Built:
     base_digest: str
     build_seconds: float
     build_log: str
+    out: Path  # build-image --out: image.json (config and layer digests), build-info.json, sbom.cdx.json
 
 
 def _run(cmd: list[str], timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
@@ -69,22 +70,62 @@ def built(tmp_path_factory) -> Built:
     revision = _run(["git", "-C", str(clone), "rev-parse", "HEAD"]).stdout.strip()
     base = _run([str(clone / "scripts" / "make-base-image"), "--if-missing", "--tag", contract.LOCAL_BASE])
     assert base.returncode == 0, base.stdout + base.stderr
-    started = time.monotonic()
-    build = _run(["nice", "-n", "10", sys.executable, str(clone / "scripts" / "build-image"), "--platform", "cpu",
-                  "--builder", "buildah", "--base-image", contract.LOCAL_BASE, "--cpu-torch-index", ""],
-                 timeout=1800)
-    seconds = time.monotonic() - started
-    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
-    print(f"\nimage build: {seconds:.0f} s", file=sys.stderr)
+    out = tmp_path_factory.mktemp("first-build")
+    build, seconds = _build_image(clone, out)
     base_digest = _run([*BUILDAH, "inspect", "--type", "image", "--format", "{{.FromImageDigest}}",
                         contract.LOCAL_BASE]).stdout.strip()
     inspect = json.loads(_run([*BUILDAH, "inspect", "--type", "image", IMAGE]).stdout)
     container = _run([*BUILDAH, "from", "--quiet", IMAGE], timeout=1800).stdout.strip()
     assert container, "buildah from gave no working container"
     try:
-        yield Built(container, inspect, revision, base_digest, seconds, build.stdout)
+        yield Built(container, inspect, revision, base_digest, seconds, build.stdout, out)
     finally:
         _run([*BUILDAH, "rm", container])
+
+
+def _build_image(clone: Path, out: Path, *tags: str) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    build = _run(["nice", "-n", "10", sys.executable, str(clone / "scripts" / "build-image"), "--platform", "cpu",
+                  "--builder", "buildah", "--base-image", contract.LOCAL_BASE, "--cpu-torch-index", "",
+                  "--out", str(out), *[arg for tag in tags for arg in ("--tag", tag)]], timeout=1800)
+    seconds = time.monotonic() - started
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    print(f"\nimage build from {clone}: {seconds:.0f} s", file=sys.stderr)
+    return build, seconds
+
+
+def test_a_second_clean_clone_elsewhere_builds_the_same_image_bit_for_bit(built, tmp_path_factory):
+    """Issue 30: the same commit on the same base, from another folder at another time, is the same image:
+    equal config digest (the image id) and layer digests. Only the base is shared: nothing is cached."""
+    clone = tmp_path_factory.mktemp("elsewhere") / "deeper" / "m2s"
+    clone.parent.mkdir()
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    out = tmp_path_factory.mktemp("second-build")
+    _build_image(clone, out, "localhost/magi2studio:cpu-second-build")
+    first, second = (json.loads((folder / "image.json").read_text()) for folder in (built.out, out))
+    print(f"\nfirst: {first['config_digest']} {first['layers']}\nsecond: {second['config_digest']} "
+          f"{second['layers']}", file=sys.stderr)
+    assert first["layers"][0] == built.inspect["OCIv1"]["rootfs"]["diff_ids"][0]  # the base's layer
+    assert (second["config_digest"], second["layers"]) == (first["config_digest"], first["layers"])
+    assert (out / "sbom.cdx.json").read_bytes() == (built.out / "sbom.cdx.json").read_bytes()
+
+
+def test_the_sbom_lists_every_installed_package_with_its_version_and_wheel_sha256(built):
+    inside = json.loads(in_image(built, "cat", "/etc/magi2studio/sbom.cdx.json").stdout)
+    assert (built.out / "sbom.cdx.json").read_text() == in_image(built, "cat", "/etc/magi2studio/sbom.cdx.json").stdout
+    listed = {(c["purl"].split("/")[0], c["name"], c["version"]): c for c in inside["components"] if "purl" in c}
+    python = in_image(built, "python3", "-c", "from importlib import metadata\nfor d in metadata.distributions(): "
+                                              "print(d.metadata['Name'], d.version, sep='\\t')").stdout
+    dpkg = in_image(built, "dpkg-query", "-W", "-f", "${db:Status-Abbrev}\t${Package}\t${Version}\n").stdout
+    installed = {("pkg:pypi", *line.split("\t")) for line in python.splitlines()}
+    installed |= {("pkg:deb", *line.split("\t")[1:]) for line in dpkg.splitlines() if line.startswith("ii")}
+    assert set(listed) == installed
+    unhashed = sorted(name for kind, name, _ in listed if kind == "pkg:pypi" and "hashes" not in listed[kind, name, _])
+    assert unhashed == ["magi2studio"], unhashed  # built from the source tree; every other one came from a wheel
+    base = next(c for c in inside["components"] if c["type"] == "container")
+    assert (base["name"], base["version"]) == (contract.LOCAL_BASE, built.base_digest)
+    counts = {kind: sum(1 for k, _, _ in listed if k == kind) for kind in ("pkg:pypi", "pkg:deb")}
+    print(f"\nSBOM: {counts['pkg:pypi']} Python distributions, {counts['pkg:deb']} Debian packages", file=sys.stderr)
 
 
 def test_builder_and_secrets_are_named_and_nothing_of_the_host_is_in_a_layer(built):
@@ -155,6 +196,8 @@ def test_doctor_runs_in_the_image(built, tmp_path):
     result = in_image(built, "magi2studio", "doctor", timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "platform: cpu" in result.stdout and f"git_revision={built.revision}" in result.stdout
+    # The environment is the SBOM's, file by file (vLLM's dropped CUDA kernels expected gone).
+    assert "drift: none: the environment equals the image's SBOM and lock" in result.stdout, result.stdout[-3000:]
 
 
 def test_weights_check_names_a_broken_tree_file_by_file(built, tmp_path):
@@ -242,6 +285,8 @@ def test_studio_served_from_the_image_passes_the_browser_test(built, tmp_path):
             assert server.poll() is None, "the studio in the image exited before answering"
             assert time.monotonic() < deadline, f"the studio in the image did not answer on {url} in 300 s"
             time.sleep(2)
+        # The image's HEALTHCHECK probes readiness: the embedded engine can take a job at once.
+        assert _answers(url + "health/live") and _answers(url + "health/ready")
         env = {**os.environ, "MAGI2STUDIO_URL": url, "MAGI2STUDIO_SCREENSHOTS": str(tmp_path / "shots")}
         browser = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(ROOT / "tests" / "studio" / "test_studio_browser.py")], env=env, cwd=ROOT, timeout=900)

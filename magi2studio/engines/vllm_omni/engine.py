@@ -127,6 +127,19 @@ class VllmOmniEngine(Engine):
         self._layout = layout
         return True
 
+    def not_ready(self) -> str | None:
+        """The weights checked as ``start`` checks them (files present, headers whole), and a GPU visible."""
+        try:
+            report = check_weights(self.checkpoint_root, "272p")
+        except InputError as err:
+            return str(err)
+        if not report.ok:
+            return f"weights {self.checkpoint_root} incomplete: " + "; ".join(
+                f"{path} {problem}" for path, problem in report.problems)
+        if not device_names():
+            return "no CUDA/MUSA GPU is visible here (vLLM-Omni's MAGI-2 pipeline requires GPUs)"
+        return None
+
     def _check_weights(self, tier_name: str) -> None:
         report = check_weights(self.checkpoint_root, tier_name)
         if not report.ok:

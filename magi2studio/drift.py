@@ -1,0 +1,184 @@
+"""Drift: does the running environment still equal the image's bill of materials and the lock?
+
+Inside the image, ``/etc/magi2studio/sbom.cdx.json`` (image/sbom.py) lists every Python
+distribution and Debian package the build installed. This names every difference: a
+distribution missing, added or at another version; a file whose bytes no longer match the
+sha256 its RECORD holds (pip wrote it at install), or that is gone; a Debian package changed;
+the lock's pins (image/lock.yaml in the image's source tree) against what is installed.
+``magi2studio doctor`` reports it and the studio's Environment tab shows the verdict.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SBOM_PATH = Path(os.environ.get("MAGI2STUDIO_SBOM", "/etc/magi2studio/sbom.cdx.json"))
+LOCK_PATH = Path(os.environ.get("MAGI2STUDIO_LOCK", "/opt/magi2studio/src/image/lock.yaml"))
+# (path, size, mtime_ns, inode) -> sha256 of a file already read in this process: a second check
+# (the Environment tab's Refresh) reads only what changed on disk.
+_HASHED: dict[tuple[str, int, int, int], str] = {}
+
+
+@dataclass
+class Drift:
+    sbom: str
+    distributions: int = 0
+    files_checked: int = 0
+    debian_packages: int = 0
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sbom": self.sbom, "ok": self.ok, "distributions": self.distributions,
+                "files_checked": self.files_checked, "debian_packages": self.debian_packages,
+                "differences": self.differences}
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _sha256_b64(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _HASHED:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        _HASHED[key] = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    return _HASHED[key]
+
+
+def record_differences(dist: metadata.Distribution, expected_gone: set[str]) -> tuple[int, list[str]]:
+    """Each file of the distribution's RECORD that is gone or whose sha256 differs; (files checked, findings)."""
+    text = dist.read_text("RECORD")
+    if text is None:
+        return 0, [f"{dist.metadata['Name']}: no RECORD file (cannot verify its files)"]
+    base = Path(dist.locate_file(""))
+    checked, found = 0, []
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) < 2 or not row[1].startswith("sha256="):
+            continue  # RECORD itself, and byte code pip did not hash
+        relative, want = row[0], row[1].removeprefix("sha256=")
+        path = base / relative
+        if relative in expected_gone:
+            continue
+        checked += 1
+        if not path.is_file():
+            found.append(f"{dist.metadata['Name']}: {relative} is missing")
+        elif _sha256_b64(path) != want:
+            found.append(f"{dist.metadata['Name']}: {relative} differs from its RECORD sha256")
+    return checked, found
+
+
+def _property(component: dict, name: str) -> str:
+    return next((p["value"] for p in component.get("properties", []) if p["name"] == name), "")
+
+
+def site_dirs() -> list[str]:
+    """The site folders on sys.path: what pip installed into (the venv's; cuda/musa also the base's).
+
+    Not every sys.path entry: setuptools, once imported, appends its ``_vendor`` folder, whose
+    vendored copies are setuptools' files (its RECORD holds them), not distributions of their own.
+    """
+    return [entry for entry in sys.path if Path(entry).name in ("site-packages", "dist-packages")]
+
+
+def check_python(components: list[dict], drift: Drift, path: list[str] | None = None) -> None:
+    installed: dict[str, metadata.Distribution] = {}
+    for dist in metadata.distributions(path=site_dirs() if path is None else path):
+        installed.setdefault(canonical(dist.metadata["Name"]), dist)
+    listed = {canonical(c["name"]): c for c in components if c.get("purl", "").startswith("pkg:pypi/")}
+    drift.distributions = len(listed)
+    for key in sorted(set(installed) - set(listed)):
+        drift.differences.append(f"{installed[key].metadata['Name']} {installed[key].version}: installed, "
+                                 "not in the SBOM")
+    for key, component in sorted(listed.items()):
+        dist = installed.get(key)
+        if dist is None:
+            drift.differences.append(f"{component['name']} {component['version']}: in the SBOM, not installed")
+            continue
+        if dist.version != component["version"]:
+            drift.differences.append(f"{component['name']}: version {dist.version} installed, "
+                                     f"{component['version']} in the SBOM")
+            continue
+        gone = set(_property(component, "magi2studio:removed_files").split())
+        checked, found = record_differences(dist, gone)
+        drift.files_checked += checked
+        drift.differences += found
+
+
+def check_debian(components: list[dict], drift: Drift) -> None:
+    listed = {c["name"]: c["version"] for c in components if c.get("purl", "").startswith("pkg:deb/")}
+    if not listed:
+        return
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}\t${Package}\t${Version}\n"],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        drift.differences.append(f"Debian packages: cannot list them ({err.__class__.__name__})")
+        return
+    installed = {name: version for status, name, version in (line.split("\t") for line in out.splitlines())
+                 if status.startswith("ii")}
+    drift.debian_packages = len(listed)
+    for name in sorted(set(listed) | set(installed)):
+        want, have = listed.get(name), installed.get(name)
+        if want != have:
+            drift.differences.append(f"Debian {name}: " + (f"{have} installed, not in the SBOM" if want is None else
+                                     f"in the SBOM ({want}), not installed" if have is None else
+                                     f"version {have} installed, {want} in the SBOM"))
+
+
+def check_lock(lock: dict, sbom: dict, drift: Drift, platform: str) -> None:
+    """The lock's own pins against the SBOM (which check_python holds to what is installed)."""
+    versions = {canonical(c["name"]): c["version"] for c in sbom["components"]
+                if c.get("purl", "").startswith("pkg:pypi/")}
+    pins = {"pip": lock.get("pip"), "magi2studio": lock["magi2studio"]["version"], "av": lock["ffmpeg"]["pyav"],
+            "vllm-omni": lock["vllm_omni"]["version"]}
+    if platform in ("cpu", "cuda"):
+        pins |= {"vllm": lock["vllm"]["version"], "torch": lock["torch"][platform]["version"]}
+    if platform == "musa":
+        pins["torchada"] = lock["torchada"]["version"]
+    for name, pin in pins.items():
+        have = versions.get(name)
+        # torch's local version (+cpu) is the wheel's build, not another release.
+        if pin and (have or "").split("+")[0] != str(pin):
+            drift.differences.append(f"{name}: {have or 'absent'} in the SBOM, {pin} in image/lock.yaml")
+
+
+def check(sbom_path: Path = SBOM_PATH, lock_path: Path | None = LOCK_PATH,
+          path: list[str] | None = None, debian: bool = True) -> Drift | None:
+    """The drift verdict, or None where there is no SBOM (not running in the magi2studio image)."""
+    try:
+        sbom = json.loads(sbom_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        return Drift(str(sbom_path), differences=[f"the SBOM cannot be read ({err.__class__.__name__}: {err})"])
+    drift = Drift(str(sbom_path))
+    components = sbom.get("components", [])
+    check_python(components, drift, path)
+    if debian:
+        check_debian(components, drift)
+    if lock_path is not None and lock_path.is_file():
+        platform = _property(sbom.get("metadata", {}), "magi2studio:platform") or "cpu"
+        check_lock(yaml.safe_load(lock_path.read_text(encoding="utf-8")), sbom, drift, platform)
+    return drift

@@ -1,0 +1,130 @@
+"""The drift check (magi2studio/drift.py) against an SBOM written by image/sbom.py: a real wheel
+installed into a folder, then changed file by file; every difference is named, none is invented."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from magi2studio import doctor, drift
+
+from .image_contract import ROOT
+
+sys.path.insert(0, str(ROOT / "image"))
+import sbom as image_sbom  # noqa: E402  (image/sbom.py, the build's own generator)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """PyYAML and tqdm installed with pip's report, as image/install.sh does; and the wheels pip took."""
+    base = tmp_path_factory.mktemp("drift")
+    prefix, reports, wheels = base / "prefix", base / "reports", base / "wheels"
+    site = prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    reports.mkdir()
+    for n, spec in enumerate(("pyyaml==6.0.3", "tqdm==4.70.1")):
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), spec],
+                       check=True)
+        wheel = next(w for w in wheels.glob("*.whl") if w.name.lower().startswith(spec.split("==")[0] + "-"))
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--ignore-installed",
+                        "--prefix", str(prefix), "--no-warn-script-location",
+                        "--report", str(reports / f"{n:02d}.json"), str(wheel)], check=True)
+    return site, reports, wheels
+
+
+def _sbom(site: Path, reports: Path) -> list[dict]:
+    return image_sbom.python_components(reports, path=[str(site)])
+
+
+def _check(components: list[dict], site: Path) -> drift.Drift:
+    found = drift.Drift("test")
+    drift.check_python(components, found, path=[str(site)])
+    return found
+
+
+def test_the_sbom_holds_each_wheels_sha256_and_the_untouched_install_has_no_drift(installed):
+    site, reports, wheels = installed
+    components = {c["name"]: c for c in _sbom(site, reports)}
+    assert set(components) == {"PyYAML", "tqdm"}
+    for name, component in components.items():
+        wheel = next(w for w in wheels.glob("*.whl") if w.name.lower().startswith(name.lower()))
+        assert component["hashes"] == [{"alg": "SHA-256", "content": hashlib.sha256(wheel.read_bytes()).hexdigest()}]
+        assert component["version"] == wheel.name.split("-")[1]
+    found = _check(list(components.values()), site)
+    assert found.ok, found.differences
+    assert found.distributions == 2 and found.files_checked > 20
+
+
+def test_every_changed_missing_added_or_moved_file_and_version_is_named(installed, tmp_path):
+    site, reports, _ = installed
+    components = _sbom(site, reports)
+    changed, gone = site / "yaml" / "constructor.py", site / "tqdm" / "cli.py"
+    saved = {path: path.read_bytes() for path in (changed, gone)}
+    try:
+        changed.write_bytes(saved[changed] + b"\n# patched\n")
+        gone.unlink()
+        moved = [dict(c, version="6.0.2") if c["name"] == "PyYAML" else c for c in components]
+        found = _check(moved, site)
+        assert found.differences == ["PyYAML: version 6.0.3 installed, 6.0.2 in the SBOM",
+                                     "tqdm: tqdm/cli.py is missing"]
+        found = _check(components, site)
+        assert found.differences == ["PyYAML: yaml/constructor.py differs from its RECORD sha256",
+                                     "tqdm: tqdm/cli.py is missing"]
+        # A file the build removed on purpose (vLLM's CUDA kernels on cpu) is expected gone.
+        removed = [dict(c, properties=[*c["properties"], {"name": "magi2studio:removed_files", "value": "tqdm/cli.py"}])
+                   if c["name"] == "tqdm" else c for c in components]
+        assert _check(removed, site).differences == ["PyYAML: yaml/constructor.py differs from its RECORD sha256"]
+        only_yaml = [c for c in components if c["name"] == "PyYAML"]
+        assert "tqdm 4.70.1: installed, not in the SBOM" in _check(only_yaml, site).differences
+        extra = [*components, {"name": "numpy", "version": "2.4.6", "purl": "pkg:pypi/numpy@2.4.6"}]
+        assert "numpy 2.4.6: in the SBOM, not installed" in _check(extra, site).differences
+    finally:
+        for path, data in saved.items():
+            path.write_bytes(data)
+    assert _check(components, site).ok
+
+
+def test_the_lock_pins_are_held_against_the_sbom():
+    import yaml
+
+    lock = yaml.safe_load((ROOT / "image" / "lock.yaml").read_text(encoding="utf-8"))
+    pins = {"pip": lock["pip"], "magi2studio": lock["magi2studio"]["version"], "av": lock["ffmpeg"]["pyav"],
+            "vllm-omni": lock["vllm_omni"]["version"], "vllm": lock["vllm"]["version"],
+            "torch": lock["torch"]["cpu"]["version"] + "+cpu"}
+    sbom = {"components": [{"name": k, "version": v, "purl": f"pkg:pypi/{k}@{v}"} for k, v in pins.items()]}
+    found = drift.Drift("test")
+    drift.check_lock(lock, sbom, found, "cpu")
+    assert found.ok, found.differences
+    sbom["components"][-1]["version"] = "2.12.0+cpu"
+    drift.check_lock(lock, sbom, found, "cpu")
+    assert found.differences == [f"torch: 2.12.0+cpu in the SBOM, {lock['torch']['cpu']['version']} in image/lock.yaml"]
+
+
+def test_doctor_says_drift_is_not_checked_outside_the_image_and_names_differences_inside(tmp_path):
+    assert drift.check(tmp_path / "no-sbom.json") is None
+    assert doctor.render_drift(None)[0].startswith("drift: not checked (no SBOM at")
+    sbom_path = tmp_path / "sbom.cdx.json"
+    sbom_path.write_text(json.dumps({"components": [{"name": "no-such-dist", "version": "1.0",
+                                                     "purl": "pkg:pypi/no-such-dist@1.0"}]}))
+    found = drift.check(sbom_path, lock_path=None, path=[str(tmp_path)], debian=False)
+    assert not found.ok and found.differences == ["no-such-dist 1.0: in the SBOM, not installed"]
+    lines = doctor.render_drift(found.as_dict())
+    assert lines[0].startswith("drift: 1 difference(s)")
+    assert lines[1] == "  no-such-dist 1.0: in the SBOM, not installed"
+
+
+def test_a_vendored_copy_on_sys_path_is_not_a_distribution_of_its_own(installed, tmp_path, monkeypatch):
+    """setuptools, once imported, appends its _vendor folder to sys.path (doctor in the image saw nine
+    'installed, not in the SBOM'); only the site folders hold what pip installed."""
+    site, reports, _ = installed
+    vendor = tmp_path / "site-packages" / "setuptools" / "_vendor"
+    (vendor / "wheel-0.46.3.dist-info").mkdir(parents=True)
+    (vendor / "wheel-0.46.3.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: wheel\nVersion: 0.46.3\n")
+    monkeypatch.setattr(sys, "path", [str(site), str(vendor)])
+    found = drift.Drift("test")
+    drift.check_python(_sbom(site, reports), found)
+    assert found.ok, found.differences

@@ -1,0 +1,74 @@
+"""Liveness and readiness apart: a studio on the vLLM-Omni engine answers live throughout, and ready
+only while its weights are whole and its slot is open (the image's HEALTHCHECK probes readiness)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+
+from studio_support import free_port
+from tests.distribution.test_weights import synthetic_tree
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture
+def weights_studio(tmp_path, monkeypatch):
+    from magi2studio.engines.vllm_omni import engine as vllm_engine
+    from magi2studio.studio.app import create_app, launch_options
+
+    # This machine has no GPU; readiness would say so before it looked at the weights.
+    monkeypatch.setattr(vllm_engine, "device_names", lambda: ["test GPU 0"])
+    tree = synthetic_tree(tmp_path / "MAGI-2-preview")
+    engine = vllm_engine.VllmOmniEngine(checkpoint_root=str(tree), work_dir=str(tmp_path / "work"))
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    demo, ctx = create_app(engine, outputs, max_waiting=2)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                **launch_options(ctx, auth=("user", "secret")))
+    try:
+        yield f"http://127.0.0.1:{port}", tree, ctx
+    finally:
+        ctx.slot.close()
+        demo.close()
+        engine.close()
+        ctx.close()
+
+
+def test_readiness_turns_false_while_the_weights_are_missing_and_liveness_stays(weights_studio):
+    url, tree, ctx = weights_studio
+    # No login for the probes, though the studio asks for one.
+    assert _get(url + "/health/live") == (200, {"live": True})
+    assert _get(url + "/health/ready") == (200, {"ready": True, "reason": None})
+
+    vae = tree / "vae" / "Wan2.2_VAE.pth"
+    shutil.move(vae, tree / "moved-away.pth")
+    status, body = _get(url + "/health/ready")
+    assert status == 503 and body["ready"] is False
+    assert "vae/Wan2.2_VAE.pth missing" in body["reason"], body
+    assert _get(url + "/health/live") == (200, {"live": True})
+
+    shutil.move(tree / "moved-away.pth", vae)
+    assert _get(url + "/health/ready") == (200, {"ready": True, "reason": None})
+
+    ctx.slot.close()
+    status, body = _get(url + "/health/ready")
+    assert status == 503 and body["reason"] == "the studio is shutting down"
+    assert _get(url + "/health/live")[0] == 200
+
+
+def test_the_embedded_engine_is_ready_without_a_checkpoint_folder():
+    from magi2studio.engines import get_engine
+
+    assert get_engine("embedded").not_ready() is None
