@@ -3,7 +3,8 @@
 
 Starts ``magi2studio studio`` (embedded engine, its own process, 127.0.0.1) on a fresh outputs root,
 adds one long headless job (``queue add``'s kind) so that the engine is busy, sends the crowd, and
-prints JSON: each answer's kind and seconds (min / median / max), then, after every client has
+prints JSON: each answer's kind and seconds (min / median / max), the studio process's CPU seconds
+meanwhile, then, after every client has
 gone, how many of their jobs ran and how long until none of them was pending. ``--gradio-client``
 makes each client a ``gradio_client.Client`` (its config and API-info fetches included, as an
 audit would; answers only: a Client's stream stays open while this process lives), else a
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -68,6 +70,12 @@ def gradio_client_crowd(url: str, clients: int, guard_s: float, **overrides) -> 
     return [answer or Answer("no answer", guard_s) for answer in answers]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (Linux /proc): the studio's own, not its ranks'."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=64)
@@ -89,7 +97,9 @@ def main() -> int:
             while queue.read().find(busy.id).state != "running":
                 time.sleep(0.2)
             send = gradio_client_crowd if args.gradio_client else crowd
+            cpu_before, began = cpu_seconds(studio.process.pid), time.monotonic()
             answers = send(studio.url, args.clients, guard_s=args.guard, steps=3)
+            studio_cpu_s, crowd_s = cpu_seconds(studio.process.pid) - cpu_before, time.monotonic() - began
             gone = time.monotonic()
             api = lambda: [job for job in queue.read().jobs if job.source == "api"]  # noqa: E731
             while not args.gradio_client and any(job.pending for job in api()) and time.monotonic() - gone < 120:
@@ -106,6 +116,10 @@ def main() -> int:
                            "median_s": round(statistics.median(times), 2), "max_s": round(max(times), 2)}
                     for kind, times in sorted(kinds.items())},
         "api_jobs": len(jobs),
+        # CPU the studio's process spent while the crowd was answered (over crowd_s, which includes the wait for
+        # the slowest client): unlike the seconds above, barely changed by other work on the machine.
+        "studio_cpu_s": round(studio_cpu_s, 2), "crowd_s": round(crowd_s, 2),
+        "load_average": os.getloadavg()[0],
         **({} if args.gradio_client else {
             "api_jobs_that_ran": sum(job.started is not None for job in jobs),
             "api_jobs_pending_after_clients_left": sum(job.pending for job in jobs),

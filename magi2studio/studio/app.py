@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from ..engines.base import Engine
 from ..vocabulary.layouts import parse_layout
 from ..run_folder.runs import check_outputs_root
 from . import health
 from .context import ASSETS, MAX_UPLOAD_BYTES, StudioContext
+from .door import RepeatedAnswers
 from .served import ServedFiles, StudioBlocks
 from .slot import EngineSlot
 
@@ -59,7 +61,7 @@ def theme() -> gr.themes.Base:
 
 
 def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``demo.launch``: served paths, theme and CSS, threads, login."""
+    """Keyword arguments for ``demo.launch``: served paths, theme and CSS, threads, login, the door's answers."""
     disabled = [tier for tier, reason in ctx.capabilities.tiers.items() if reason]
     css = (ASSETS / "studio.css").read_text(encoding="utf-8") + "".join(
         f'\n#tier label:has(input[value="{tier}"]) {{ opacity: .45; pointer-events: none; }}' for tier in disabled)
@@ -76,6 +78,9 @@ def launch_options(ctx: StudioContext, *, auth: tuple[str, str] | None = None) -
         # (it printed "[object Object]" and raw update dicts); History is the record here.
         "run_history": False,
         "js": (ASSETS / "studio.js").read_text(encoding="utf-8"),
-        # /health/live and /health/ready, ahead of Gradio's routes (health.py).
-        "app_kwargs": {"routes": health.routes(ctx)},
+        # /health/live and /health/ready, ahead of Gradio's routes (health.py). A crowd of gradio_client
+        # clients each fetch the config and API info first (door.py); with a login, each answer depends
+        # on a session that can end, so Gradio answers every one.
+        "app_kwargs": {"routes": health.routes(ctx),
+                       "middleware": [] if auth else [Middleware(RepeatedAnswers, blocks=ctx.demo)]},
     }

@@ -34,6 +34,7 @@ from gradio.utils import get_upload_folder, is_in_or_equal
 from gradio_client.utils import is_http_url_like
 
 from ..errors import InputError
+from .door import UnchangedOutputsBlocks
 
 # The report files the Reproduce and A/B tabs link to, in <root>/<tab folder>/<stamp>/.
 REPORTS = {"reproduce": ("report.html", "report.md", "report.json"), "ab": ("ab.md", "ab.json")}
@@ -72,8 +73,9 @@ def cached(path: Path | str, outputs_root: Path) -> str | None:
     return save_file_to_cache(resolved, get_upload_folder())
 
 
-class StudioBlocks(gr.Blocks):
-    """``gr.Blocks`` whose ``allowed_paths`` are the ones ``launch`` sets plus :class:`ServedFiles`, current."""
+class StudioBlocks(UnchangedOutputsBlocks):
+    """``gr.Blocks`` whose ``allowed_paths`` are the ones ``launch`` sets plus :class:`ServedFiles`, current
+    (and whose untouched outputs cost nothing: door.py)."""
 
     served: ServedFiles | None = None
 

@@ -229,14 +229,19 @@ def build(ctx: StudioContext) -> None:
     @one_parameter_per_field
     def generate_run(form_values: dict[str, Any], request: gr.Request):
         """Validate, queue, follow: position while waiting, progress while running, then results."""
-        cleared = {box: _error_line("") for box in error_boxes}
         source = panel.source(request)
+        # The error lines are the page's: an API client reads the progress line and the refusal. Each line
+        # is a component update that Gradio rebuilds on its event loop; for a crowd of API clients those
+        # took most of the studio's time (issue 32), so they go to pages only.
+        page = source == "studio"
+        cleared = {box: _error_line("") for box in error_boxes} if page else {}
         try:
             ctx.slot.check_room()  # a full queue refuses before any planning: fast, also for a crowd
             plan = F.plan_from_form(form_values, caps, ctx.engine, ctx.uploads)
             job = ctx.slot.submit(plan, panel.owner(request), source=source)
         except InputError as err:
-            yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"✗ {err}"),
+            marked = {errors[F.box_for(err.field)]: _error_line(f"✗ {err}")} if page else {}
+            yield {**cleared, **marked,
                    progress: _progress_html("refused: the marked field says why and how to fix it")}
             # For API clients; the page shows the refusal once, next to its field (no toast).
             raise gr.Error(str(err), visible=False, print_exception=False) from None
