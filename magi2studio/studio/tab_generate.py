@@ -32,6 +32,7 @@ from .endpoint import one_parameter_per_field, uploads_only
 log = logging.getLogger(__name__)
 
 TAB_ID = "generate"
+CANCELLING = "cancelling: the run stops at the next step boundary"
 
 
 @dataclass
@@ -47,11 +48,17 @@ class GenerateForm:
         return F.values_from_manifest(manifest)
 
 
-def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False) -> str:
-    """The line under Generate; ``busy`` without a fraction draws a moving bar (a stage of unknown length)."""
+def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False, state: str = "") -> str:
+    """The line under Generate; ``busy`` without a fraction draws a moving bar (a stage of unknown length);
+    ``state`` (done, cancelled) is the line's ``data-state``, which the Results switch reads."""
     bar = (f'<progress value="{fraction:.3f}" max="1"></progress>' if fraction is not None
            else '<progress max="1"></progress>' if busy else "")
-    return f'<div class="m2s-progress">{bar}<span>{html.escape(line)}</span></div>'
+    return f'<div class="m2s-progress" data-state="{state}">{bar}<span>{html.escape(line)}</span></div>'
+
+
+def _results_if_done(line: str) -> gr.Tabs:
+    """After a page's run: to Results when it made one; a cancel ends the handler too, and stays here."""
+    return gr.Tabs(selected="results") if 'data-state="done"' in (line or "") else gr.Tabs()
 
 
 def _error_line(text: str, box: str | None = None) -> gr.Markdown:
@@ -60,16 +67,16 @@ def _error_line(text: str, box: str | None = None) -> gr.Markdown:
     return gr.Markdown(value=text, visible=bool(text), **where)
 
 
-def _text_field(name: str, placeholder: str, **options: Any) -> gr.Textbox:
+def _text_field(name: str, placeholder: str, value: str = "", **options: Any) -> gr.Textbox:
     """An optional whole number of the request: blank means the engine's default (shown as the placeholder)."""
-    return gr.Textbox(value="", label=F.label(name), placeholder=placeholder, **options)
+    return gr.Textbox(value=value, label=F.label(name), placeholder=placeholder, **options)
 
 
 def build(ctx: StudioContext) -> None:
     caps = ctx.capabilities
     first_tier = _first_runnable_tier(caps)
     states = LP.preset_states(ctx.engine, TIERS[first_tier])
-    first_preset = LP.default_preset(ctx.engine, ctx.slot.preload, states)
+    first_preset = LP.default_preset(ctx.engine, ctx.slot.preload, states, caps.demo_layout)
     first_sp, first_cfg, first_ep = LP.fields_for(first_preset, ctx.engine.layout or ctx.slot.preload)
     with gr.Tab("Generate", id=TAB_ID):
         status = gr.Markdown(_status_text(ctx), elem_id="engine-status")
@@ -107,9 +114,12 @@ def build(ctx: StudioContext) -> None:
                                                container=False)
                         random_seed = gr.Button("random seed", size="sm")
                 with gr.Row():
-                    steps = _text_field("steps", f"blank: engine default, {caps.default_steps}", elem_id="steps")
+                    steps = _text_field("steps", f"blank: engine default, {caps.default_steps}",
+                                        "" if caps.demo_steps is None else str(caps.demo_steps), elem_id="steps")
                     refiner_steps = _text_field("refiner_steps", f"blank: engine default, {caps.default_refiner_steps}",
                                                 elem_id="refiner-steps")
+                if caps.demo_steps is not None:
+                    gr.Markdown(_demo_line(caps), elem_id="demo-defaults")
                 errors["sampling"] = _error_line("", "sampling")
                 tier = gr.Radio([(_tier_label(name, caps.tiers.get(name)), name) for name in TIERS],
                                 value=first_tier, label=F.label("tier"), elem_id="tier")
@@ -126,7 +136,7 @@ def build(ctx: StudioContext) -> None:
                                        elem_id="layout-sp", min_width=90)
                         cfg = gr.Number(value=first_cfg, label="CFG", precision=None, interactive=custom,
                                         elem_id="layout-cfg", min_width=90)
-                        ep = gr.Textbox(value=first_ep, label="EP", placeholder="blank: follows SP",
+                        ep = gr.Textbox(value=first_ep, label="EP", placeholder="= SP",
                                         interactive=custom, elem_id="layout-ep", min_width=90)
                 # The layout's one verdict: the live check, and a Generate refusal of the layout.
                 layout_line = gr.Markdown(elem_id="layout-check")
@@ -243,7 +253,7 @@ def build(ctx: StudioContext) -> None:
                                                    f"/cancel_job with this id stops it)")}
         with ctx.slot.following():
             try:
-                yield from job_outputs(job)
+                yield from job_outputs(job, source)
             except GeneratorExit:
                 # Gradio closes this handler when its client's stream has gone. A page's job stays (its
                 # browser finds it again after a reload); an API client's job would run for nobody.
@@ -251,13 +261,16 @@ def build(ctx: StudioContext) -> None:
                     ctx.slot.client_gone(job)
                 raise
 
-    def job_outputs(job):
-        """The form's outputs for each of the job's updates, until its terminal one (raised as gr.Error unless done)."""
+    def job_outputs(job, source: str):
+        """The form's outputs for each of the job's updates, until its terminal one (raised as gr.Error unless
+        done; a cancel the page asked for ends quietly, an API client gets it as an error)."""
         started = time.monotonic()
         for update in ctx.slot.follow(job):
             if update.kind == "queued":
                 yield {progress: _progress_html(
                     f"waiting: position {update.position} in the queue ({ctx.slot.waiting()} waiting)")}
+            elif update.kind in ("progress", "tick") and job.cancel.is_set():
+                yield {progress: _progress_html(CANCELLING, busy=True, state="cancelling")}
             elif update.kind in ("progress", "tick") and job.clock is not None:
                 now = time.monotonic()
                 yield {progress: _progress_html(f"#{job.ticket} " + job.clock.line(now), job.clock.fraction(now),
@@ -265,14 +278,16 @@ def build(ctx: StudioContext) -> None:
             elif update.kind == "done":
                 took = time.monotonic() - started
                 yield {**ctx.results.values_for(update.run),
-                       progress: _progress_html(f"done in {took:.1f} s: {update.run.path.name}", 1.0)}
+                       progress: _progress_html(f"done in {took:.1f} s: {update.run.path.name}", 1.0, state="done")}
             elif update.kind == "refused":
                 yield {errors[F.box_for(update.error.field)]: _error_line(f"✗ {update.error}"),
                        progress: _progress_html("refused by the engine")}
                 raise gr.Error(update.message, visible=False, print_exception=False)
             elif update.kind == "cancelled":
-                yield {progress: _progress_html(update.message)}
-                raise gr.Error(update.message, title="Cancelled", print_exception=False)
+                yield {progress: _progress_html(update.message, state="cancelled")}
+                if source == "api":
+                    raise gr.Error(update.message, title="Cancelled", print_exception=False)
+                return
             else:
                 yield {errors["general"]: _error_line(f"✗ {update.message}"),
                        progress: _progress_html("failed")}
@@ -280,7 +295,7 @@ def build(ctx: StudioContext) -> None:
 
     def cancel_mine(request: gr.Request) -> str:
         if ctx.slot.cancel(panel.owner(request)):
-            return _progress_html("cancelling: the run stops at the next step boundary")
+            return _progress_html(CANCELLING, busy=True, state="cancelling")
         return _progress_html("nothing of yours is running or waiting")
 
     def cancel_job(job_id: str, request: gr.Request) -> str:
@@ -304,7 +319,7 @@ def build(ctx: StudioContext) -> None:
         # trigger_mode="multiple": a click while a run goes queues another job (Gradio drops it by default).
         generate.click(generate_run, inputs, outputs, api_name="generate", concurrency_limit=None,
                        show_progress="hidden", preprocess=False, trigger_mode="multiple").success(
-            lambda: gr.Tabs(selected="results"), None, ctx.tabs, queue=False, api_visibility="private")
+            _results_if_done, progress, ctx.tabs, queue=False, api_visibility="private")
         cancel.click(cancel_mine, None, progress, api_name="cancel", queue=False)
         cancel_job_box.submit(cancel_job, cancel_job_box, cancel_job_box, api_name="cancel_job", queue=False)
         ctx.demo.load(check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
@@ -319,6 +334,14 @@ def _status_text(ctx: StudioContext) -> str:
     devices = ", ".join(caps.devices) or "none"
     return (f"**Engine** {caps.engine} · **platform** {caps.platform} · **devices** {devices} · "
             f"**{ctx.slot.status_line()}**")
+
+
+def _demo_line(caps) -> str:
+    """Why Steps and Layout start where they do on a demo engine, and what blank Steps means instead."""
+    layout = f" on one rank ({caps.demo_layout})" if caps.demo_layout else ""
+    return (f"<small>Demo defaults for the {caps.engine} engine: {caps.demo_steps} steps{layout}, for a first "
+            f"result in about 20 s on 2 CPU cores. Blank Steps runs the engine default, {caps.default_steps} "
+            f"(the real model's).</small>")
 
 
 def _tier_label(name: str, reason: str | None) -> str:

@@ -1,0 +1,65 @@
+"""Defects a first user met in the audit of issue 29, in Debian's Chromium at 1440x900: a cancel the user asked
+for reads as a cancel (no red Error, no step progress while it stops)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from studio_support import CHROMIUM, NO_CHROMIUM
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
+
+# Every text the progress line shows, and every toast, from the moment this is installed.
+WATCH = """() => {
+  window.m2sLines = []; window.m2sToasts = [];
+  const line = document.querySelector('#progress');
+  new MutationObserver(() => window.m2sLines.push([performance.now(), line.innerText]))
+    .observe(line, {subtree: true, childList: true, characterData: true});
+  new MutationObserver(() => document.querySelectorAll('[data-testid=toast-body]').forEach(
+      t => window.m2sToasts.push(t.innerText))).observe(document.body, {subtree: true, childList: true});
+}"""
+
+
+@pytest.fixture
+def page(page):
+    page.set_viewport_size({"width": 1440, "height": 900})
+    return page
+
+
+def row(page, seed: int):
+    return page.locator("#job-panel tr", has_text=f"seed {seed} ")
+
+
+def fill(page, prompt: str, seed: int, steps: int) -> None:
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#seed input").fill(str(seed))
+    page.locator("#steps input, #steps textarea").first.fill(str(steps))
+
+
+def test_a_cancel_the_user_asked_for_is_no_error_and_shows_no_step_progress_while_it_stops(studio, page):
+    page.goto(studio.url)
+    page.locator("#job-panel").wait_for()
+    fill(page, "A slow tide fills a sand castle's moat; gulls far off.", 9601, 400)
+    page.locator("#generate").click()
+    page.locator("#progress").get_by_text(re.compile(r"step \d+/400")).wait_for(timeout=180_000)
+    page.evaluate(WATCH)
+    clicked = page.evaluate("performance.now()")
+    asked = time.monotonic()
+    page.locator("#cancel").click()
+    row(page, 9601).locator("td", has_text=re.compile(r"^cancelled$")).wait_for(timeout=120_000)
+    page.locator("#progress").get_by_text(re.compile(r"stopped at the step boundary|cancelled")).wait_for(
+        timeout=30_000)
+    took = time.monotonic() - asked
+    page.wait_for_timeout(1500)  # a late toast or status would show by now
+    lines = [text for at, text in page.evaluate("window.m2sLines") if at >= clicked]
+    assert lines and not any("Error" in text for text in lines), lines
+    after_click = lines[lines.index(next(t for t in lines if "cancelling" in t)):]
+    assert not any(re.search(r"step \d+/400", text) for text in after_click), after_click
+    assert "Error" not in page.locator("#progress").inner_text()
+    assert not page.evaluate("window.m2sToasts"), page.evaluate("window.m2sToasts")
+    # A cancel is not a result: the page stays on Generate.
+    assert page.get_by_role("tab", name="Generate").get_attribute("aria-selected") == "true"
+    print(f"cancel: {took:.1f} s from the click to the row's 'cancelled'")
