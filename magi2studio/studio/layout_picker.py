@@ -87,7 +87,7 @@ def verdict(values: dict[str, Any], capabilities: Capabilities, engine: Engine, 
         layout = layout_from_form(values.get("layout_preset"), values.get("sp"), values.get("cfg"), values.get("ep"))
         warnings = engine.check_layout(layout, get_tier(tier_name) if tier_name in TIERS else TIERS["272p"])
     except InputError as err:
-        return f"✗ {html.escape(str(err))}"
+        return f'<span class="m2s-refusal" role="alert">✗ {html.escape(str(err))}</span>'
     lines = [f"✓ **{layout.name} runs on {capabilities.engine}**: world size {layout.world_size}, "
              f"MoE heads split {layout.moe_shards} ways"]
     lines += [f"⚠ {html.escape(warning)}" for warning in warnings]

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 TAB_ID = "generate"
 CANCELLING = "cancelling: the run stops at the next step boundary"
+REFUSED = "refused: the marked field says why and how to fix it"
 
 
 @dataclass
@@ -56,14 +57,22 @@ def _progress_html(line: str, fraction: float | None = None, *, busy: bool = Fal
     return f'<div class="m2s-progress" data-state="{state}">{bar}<span>{html.escape(line)}</span></div>'
 
 
+def _fixed(line: str):
+    """A field changed: its box's refusal goes, and the progress line's "refused" with it."""
+    return _error_line(""), _error_line(""), _progress_html("idle") if REFUSED in (line or "") else gr.HTML()
+
+
 def _results_if_done(line: str) -> gr.Tabs:
     """After a page's run: to Results when it made one; a cancel ends the handler too, and stays here."""
     return gr.Tabs(selected="results") if 'data-state="done"' in (line or "") else gr.Tabs()
 
 
 def _error_line(text: str, box: str | None = None) -> gr.Markdown:
-    """An error line's value; with ``box``, the line itself (built once, next to its fields)."""
+    """An error line's value; with ``box``, the line itself (built once, next to its fields).
+    A refusal (``✗ ...``) is marked as one (red, ``role=alert``); a note (a prompt file loaded) stays plain."""
     where = {"elem_id": f"error-{box}", "elem_classes": ["m2s-error"]} if box else {}
+    if text.startswith("✗"):
+        text = f'<span class="m2s-refusal" role="alert">{html.escape(text)}</span>'
     return gr.Markdown(value=text, visible=bool(text), **where)
 
 
@@ -91,10 +100,10 @@ def build(ctx: StudioContext) -> None:
                 prompt = gr.Textbox(label=F.label("prompt"), lines=8, max_lines=24, elem_id="prompt",
                                     placeholder="Describe the clip, or load one of the published prompt files "
                                                 "(Ctrl+Enter generates)")
+                errors["prompt"] = _error_line("", "prompt")  # under the prompt: an empty prompt is its error
                 prompt_file = uploads_only(gr.File(label=f"Load a {F.label('prompt_file').lower()} "
                                                          f"({F.help_text('prompt_file')})",
                                                    elem_id="prompt-file", height=170), "prompt_file")
-                errors["prompt"] = _error_line("", "prompt")
                 # Under the prompt, so it stays above the fold at 1440x900 with the layout's verdict.
                 with gr.Row():
                     generate = gr.Button("Generate", variant="primary", elem_id="generate")
@@ -183,7 +192,7 @@ def build(ctx: StudioContext) -> None:
     for name, component in fields.items():
         box = F.box_for(name)
         if box != "layout" and hasattr(component, "input"):
-            component.input(lambda: (_error_line(""), _error_line("")), None, [errors[box], errors["general"]],
+            component.input(_fixed, progress, [errors[box], errors["general"], progress],
                             queue=False, api_visibility="private")
 
     def check_layout(preset_value, sp_value, cfg_value, ep_value, tier_value):
@@ -246,7 +255,7 @@ def build(ctx: StudioContext) -> None:
             job = ctx.slot.submit(plan, panel.owner(request), source=source)
         except InputError as err:
             yield {**cleared, errors[F.box_for(err.field)]: _error_line(f"✗ {err}"),
-                   progress: _progress_html("refused: the marked field says why and how to fix it")}
+                   progress: _progress_html(REFUSED)}
             # For API clients; the page shows the refusal once, next to its field (no toast).
             raise gr.Error(str(err), visible=False, print_exception=False) from None
         yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket}, job {job.id}: "

@@ -65,3 +65,21 @@ def test_a_cancel_the_user_asked_for_is_no_error_and_shows_no_step_progress_whil
     # A cancel is not a result: the page stays on Generate.
     assert page.get_by_role("tab", name="Generate").get_attribute("aria-selected") == "true"
     print(f"cancel: {took:.1f} s from the click to the row's 'cancelled'")
+
+
+def test_an_empty_prompt_is_an_error_under_the_prompt_and_goes_when_the_prompt_is_written(studio, page):
+    page.goto(studio.url)
+    page.locator("#job-panel").wait_for()
+    page.locator("#prompt textarea").fill("")
+    page.locator("#generate").click()
+    line = page.locator("#error-prompt")
+    line.get_by_text("prompt: is empty").wait_for(timeout=30_000)
+    prompt, drop_zone, error = (page.locator(e).bounding_box() for e in ("#prompt", "#prompt-file", "#error-prompt"))
+    assert prompt["y"] + prompt["height"] <= error["y"] < drop_zone["y"], "the error is not right under the prompt"
+    refusal = line.locator(".m2s-refusal[role=alert]")
+    red, green, blue = map(int, re.findall(r"\d+", refusal.evaluate("e => getComputedStyle(e).color"))[:3])
+    assert red > 150 and green < 100 and blue < 100, "the error is not red"
+    assert "refused" in page.locator("#progress").inner_text()
+    page.locator("#prompt textarea").press_sequentially("A kite")
+    line.wait_for(state="hidden", timeout=10_000)
+    page.locator("#progress").get_by_text("idle").wait_for(timeout=10_000)

@@ -152,7 +152,8 @@ def test_the_verdict_is_this_engines_and_the_memory_line_only_advice_off_the_rea
     good = LP.verdict({"layout_preset": "sp2-cfg1", "tier": "272p"}, caps, engine, 80.0)
     assert good.startswith("✓ **sp2-cfg1 runs on embedded**") and "a GPU run of the real checkpoint" in good
     bad = LP.verdict({"layout_preset": "sp8-cfg1-ep4", "tier": "272p"}, caps, engine, 80.0)
-    assert bad.startswith("✗ layout: sp8-cfg1-ep4 needs 8 ranks") and "Fix:" in bad and "✓" not in bad
+    assert bad.startswith('<span class="m2s-refusal" role="alert">✗ layout: sp8-cfg1-ep4 needs 8 ranks')
+    assert "Fix:" in bad and "✓" not in bad
 
 
 def test_read_uploaded_prompt_keeps_the_text(tmp_path):
