@@ -109,8 +109,15 @@ class JobPanel:
                 detail = job.message
             rows.append({"id": job.id, "ticket": str(job.ticket), "state": job.state, "what": job.summary(),
                          "source": job.source, "when": when, "detail": detail,
-                         "actions": ACTIONS[job.state] if self.owns(job, request) else ()})
+                         "actions": self._actions(job) if self.owns(job, request) else ()})
         return rows
+
+    def _actions(self, job: JobRecord) -> tuple[str, ...]:
+        """The row's buttons; no "open" once its run folder was deleted (History's delete)."""
+        actions = ACTIONS[job.state]
+        if "open" in actions and (job.run is None or not (self.ctx.outputs_root / job.run).is_dir()):
+            actions = tuple(action for action in actions if action != "open")
+        return actions
 
     def render(self, request: gr.Request | None = None) -> str:
         """The list as the caller sees it: buttons only on the caller's own jobs."""
@@ -122,7 +129,8 @@ class JobPanel:
             f'<td class="m2s-job-state">{row["state"]}</td><td>{html.escape(row["what"])}'
             f'<br><small>from {html.escape(row["source"])} · id {row["id"][:8]}</small></td>'
             f'<td>{html.escape(row["when"])}</td><td>{html.escape(row["detail"])}</td><td>'
-            + "".join(f'<button data-action="{action}" data-job="{row["id"]}">{action}</button>'
+            + "".join(f'<button data-action="{action}" data-job="{row["id"]}" aria-label="{action} job '
+                      f'#{row["ticket"]}: {html.escape(row["what"], quote=True)}">{action}</button>'
                       for action in row["actions"])
             + "</td></tr>" for row in rows)
         return ('<table class="m2s-jobs"><thead><tr><th>#</th><th>state</th><th>job</th><th>time</th>'
