@@ -107,7 +107,7 @@ def build(ctx: StudioContext) -> None:
                 # Under the prompt, so it stays above the fold at 1440x900 with the layout's verdict.
                 with gr.Row():
                     generate = gr.Button("Generate", variant="primary", elem_id="generate")
-                    cancel = gr.Button("Cancel", variant="stop", elem_id="cancel")
+                    cancel = gr.Button("Cancel", variant="stop", elem_id="cancel", interactive=False)
                 errors["general"] = _error_line("", "general")
                 progress = gr.HTML(_progress_html("idle"), elem_id="progress")
                 with gr.Accordion(F.label("negative_prompt"), open=False, elem_id="negative-accordion"):
@@ -334,7 +334,26 @@ def build(ctx: StudioContext) -> None:
         ctx.demo.load(check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
 
     ctx.defer(wire)
-    timer.tick(lambda: _status_text(ctx), None, status, queue=False, show_progress="hidden",
+    def page_tick(request: gr.Request):
+        """Every 2 s: the engine status; Cancel only while this page has a job waiting or running; the progress
+        line follows this page's job, also after a reload (when no Generate stream follows it)."""
+        state = ctx.slot.snapshot()
+        mine = [record for record in state.jobs if record.pending and panel.owns(record, request)]
+        running = ctx.slot.running_clock()
+        line = gr.HTML()
+        for record in mine:
+            if running is not None and record.id == running[0]:
+                now, clock = time.monotonic(), running[1]
+                line = (_progress_html(CANCELLING, busy=True, state="cancelling") if record.cancel_requested
+                        else _progress_html(f"#{record.ticket} " + clock.line(now), clock.fraction(now), busy=True))
+                break
+        else:
+            if mine:
+                line = _progress_html(f"waiting: position {state.position(mine[0].id)} in the queue "
+                                      f"({ctx.slot.waiting()} waiting)")
+        return _status_text(ctx), gr.Button(interactive=bool(mine)), line
+
+    timer.tick(page_tick, None, [status, cancel, progress], queue=False, show_progress="hidden",
                api_visibility="private")
 
 

@@ -83,3 +83,23 @@ def test_an_empty_prompt_is_an_error_under_the_prompt_and_goes_when_the_prompt_i
     page.locator("#prompt textarea").press_sequentially("A kite")
     line.wait_for(state="hidden", timeout=10_000)
     page.locator("#progress").get_by_text("idle").wait_for(timeout=10_000)
+
+
+def test_after_a_reload_mid_run_the_progress_line_follows_the_job_and_cancel_is_enabled_only_while_one_runs(
+        studio, page):
+    page.goto(studio.url)
+    page.locator("#job-panel").wait_for()
+    cancel = page.locator("#cancel")
+    assert cancel.is_disabled(), "Cancel is enabled with nothing running"
+    fill(page, "Rain on a tin roof at night; a dog barks once.", 9611, 400)
+    page.locator("#generate").click()
+    page.locator("#progress").get_by_text(re.compile(r"step \d+/400")).wait_for(timeout=180_000)
+    page.reload()
+    page.locator("#job-panel").wait_for()
+    row(page, 9611).locator("td", has_text=re.compile(r"^running$")).wait_for(timeout=30_000)
+    page.locator("#progress").get_by_text(re.compile(r"#\d+ preview: step \d+/400")).wait_for(timeout=30_000)
+    assert "idle" not in page.locator("#progress").inner_text()
+    page.wait_for_function("() => !document.querySelector('#cancel').disabled", timeout=30_000)
+    cancel.click()
+    row(page, 9611).locator("td", has_text=re.compile(r"^cancelled$")).wait_for(timeout=120_000)
+    page.wait_for_function("() => document.querySelector('#cancel').disabled", timeout=30_000)
