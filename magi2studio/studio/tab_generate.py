@@ -244,6 +244,8 @@ def build(ctx: StudioContext) -> None:
                    [new_seed, seed], seed, queue=False, api_visibility="private")
     seed.change(lambda value: value == RANDOM_SEED, seed, new_seed, queue=False, api_visibility="private")
 
+    streamed: set[str] = set()  # jobs whose Generate stream is open: their page's line is the stream's
+
     @one_parameter_per_field
     def generate_run(form_values: dict[str, Any], request: gr.Request):
         """Validate, queue, follow: position while waiting, progress while running, then results."""
@@ -261,6 +263,7 @@ def build(ctx: StudioContext) -> None:
         yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
                                                    f"/cancel_job with this id stops it)")}
         with ctx.slot.following():
+            streamed.add(job.id)  # the tick leaves this job's progress line to this stream
             try:
                 yield from job_outputs(job, source)
             except GeneratorExit:
@@ -269,6 +272,8 @@ def build(ctx: StudioContext) -> None:
                 if source == "api":
                     ctx.slot.client_gone(job)
                 raise
+            finally:
+                streamed.discard(job.id)
 
     def job_outputs(job, source: str):
         """The form's outputs for each of the job's updates, until its terminal one (raised as gr.Error unless
@@ -336,9 +341,11 @@ def build(ctx: StudioContext) -> None:
     ctx.defer(wire)
     def page_tick(request: gr.Request):
         """Every 2 s: the engine status; Cancel only while this page has a job waiting or running; the progress
-        line follows this page's job, also after a reload (when no Generate stream follows it)."""
+        line follows this page's job when no Generate stream does (after a reload)."""
         state = ctx.slot.snapshot()
         mine = [record for record in state.jobs if record.pending and panel.owns(record, request)]
+        if any(record.id in streamed for record in mine):
+            return _status_text(ctx), gr.Button(interactive=True), gr.HTML()
         running = ctx.slot.running_clock()
         line = gr.HTML()
         for record in mine:

@@ -1,5 +1,6 @@
-"""Defects a first user met in the audit of issue 29, in Debian's Chromium at 1440x900: a cancel the user asked
-for reads as a cancel (no red Error, no step progress while it stops)."""
+"""Defects a first user met in the audit of issue 29, in Debian's Chromium at 1440x900 (a phone's 390x844 for the
+last): a cancel reads as a cancel, an error as an error under its field, a reload mid-run keeps the progress line,
+and a phone shows every tab."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 import time
 
 import pytest
+
+from magi2studio.studio.app import TABS
 
 from studio_support import CHROMIUM, NO_CHROMIUM
 
@@ -103,3 +106,16 @@ def test_after_a_reload_mid_run_the_progress_line_follows_the_job_and_cancel_is_
     cancel.click()
     row(page, 9611).locator("td", has_text=re.compile(r"^cancelled$")).wait_for(timeout=120_000)
     page.wait_for_function("() => document.querySelector('#cancel').disabled", timeout=30_000)
+
+
+def test_on_a_phone_every_tab_is_in_sight_and_generate_is_well_above_the_bottom_edge(studio, page):
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(studio.url)
+    page.locator("#job-panel").wait_for()
+    tabs = page.get_by_role("tab").all()
+    assert len(tabs) == len(TABS), f"{len(TABS) - len(tabs)} tabs folded into a menu at 390x844"
+    for tab in tabs:
+        box = tab.bounding_box()
+        assert tab.is_visible() and 0 <= box["x"] <= box["x"] + box["width"] <= 390, f"{tab.inner_text()} is off"
+    generate = page.locator("#generate").bounding_box()
+    assert generate["y"] + generate["height"] <= 844 - 80, f"Generate sits at the bottom edge: {generate}"
