@@ -134,8 +134,15 @@ class JobPanel:
             rows.append({"id": job.id, "ticket": str(job.ticket), "state": job.state, "what": job.summary() + batch,
                          "source": job.source, "when": when, "detail": detail,
                          "poster": self._poster(job.run) if job.state == "done" else None,
-                         "actions": ACTIONS[job.state] if self.owns(job, request) else ()})
+                         "actions": self._actions(job) if self.owns(job, request) else ()})
         return rows
+
+    def _actions(self, job: JobRecord) -> tuple[str, ...]:
+        """The row's buttons; no "open" once its run folder was deleted (History's delete)."""
+        actions = ACTIONS[job.state]
+        if "open" in actions and (job.run is None or not (self.ctx.outputs_root / job.run).is_dir()):
+            actions = tuple(action for action in actions if action != "open")
+        return actions
 
     def render(self, request: gr.Request | None = None) -> str:
         """The list as the caller sees it: buttons only on the caller's own jobs."""
@@ -153,7 +160,8 @@ class JobPanel:
             + f'{html.escape(row["what"])}'
             f'<br><small>from {html.escape(row["source"])} · id {row["id"][:8]}</small></td>'
             f'<td>{html.escape(row["when"])}</td><td>{html.escape(row["detail"])}</td><td>'
-            + "".join(f'<button data-action="{action}" data-job="{row["id"]}">{action}</button>'
+            + "".join(f'<button data-action="{action}" data-job="{row["id"]}" aria-label="{action} job '
+                      f'#{row["ticket"]}: {html.escape(row["what"], quote=True)}">{action}</button>'
                       for action in row["actions"])
             + "</td></tr>" for row in rows)
         return paused + ('<table class="m2s-jobs"><thead><tr><th>#</th><th>state</th><th>job</th><th>time</th>'

@@ -28,6 +28,10 @@ from .tiny_weights import RANDOM, TRAINED, TRAINED_SHA256, checkpoint_folder, re
 log = logging.getLogger(__name__)
 ENGINE_NAME = "embedded"
 MAX_RANKS = 4  # CPU ranks the embedded engine will start (oversubscribing small machines)
+# The studio's first steps and layout here: a first result in about 20 s on a quiet 2-core machine,
+# engine start included (docs/studio.md); the engine's own default stays the real model's 100 steps.
+DEMO_STEPS = 20
+DEMO_LAYOUT = "sp1-cfg1"
 
 
 class EmbeddedEngine(Engine):
@@ -71,6 +75,8 @@ class EmbeddedEngine(Engine):
                 "1080p: the 540p preview, then a tiny dense refiner DiT with block-window attention "
                 f"({self.config.default_refiner_steps} steps by default), decoded to 1920x1088 x 249 frames at 25 fps",
             ],
+            demo_steps=DEMO_STEPS,
+            demo_layout=DEMO_LAYOUT,
         )
 
     def check_layout(self, layout: Layout, tier: Tier) -> list[str]:
