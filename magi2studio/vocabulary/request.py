@@ -50,6 +50,8 @@ class Request(BaseModel):
     steps: int | None = Field(None, title="Steps", description="denoising steps; blank: the engine's default")
     refiner_steps: int | None = Field(None, title="Refiner steps (1080p)",
                                       description="the 1080p refiner's steps; blank: the engine's default")
+    preview_every: int | None = Field(None, title="Live preview every", description=(
+        "steps between live previews of the clip being denoised; 0: off; blank: the engine's default"))
     video_cfg: float = Field(5.0, title="Video CFG scale", description=(
         "classifier-free guidance for the picture: higher follows the prompt more closely, "
         "too high over-saturates; 0 to 50"))
@@ -185,6 +187,9 @@ def validate_request(request: Request) -> Request:
         raise InputError("steps", f"{request.steps} is out of range", _FIXES["steps"])
     if request.refiner_steps is not None and not 1 <= request.refiner_steps <= MAX_REFINER_STEPS:
         raise InputError("refiner_steps", f"{request.refiner_steps} is out of range", _FIXES["refiner_steps"])
+    if request.preview_every is not None and not 0 <= request.preview_every <= MAX_STEPS:
+        raise InputError("preview_every", f"{request.preview_every} is out of range",
+                         f"use 0 (off) to {MAX_STEPS} steps, or leave it blank")
     output_size(request, tier)
     for name in ("video_cfg", "audio_cfg"):
         value = getattr(request, name)

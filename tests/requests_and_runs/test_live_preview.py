@@ -1,0 +1,79 @@
+"""The live preview: written during a run (every N steps, the right shape), off when asked, recorded."""
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from magi2studio.engines.live_preview import PREVIEW_MAPS, LinearPreviewMap
+from magi2studio.vocabulary.request import build_request
+
+ROOT = Path(__file__).resolve().parents[2]
+HELD_OUT_PSNR_FLOOR_DB = 25.0  # measured 28.87 dB on 8 held-out scenes (seed 30); a constant picture: 8.02 dB
+
+
+@pytest.fixture(scope="module")
+def trained_engine():
+    from magi2studio.engines import get_engine
+    from magi2studio.vocabulary.layouts import parse_layout
+
+    eng = get_engine("embedded", weights="trained")
+    eng.start(parse_layout("sp1-cfg1"))
+    yield eng
+    eng.close()
+
+
+def _run(engine, **fields):
+    request = build_request(prompt="a red ball bounces left to right on a blue floor", seed=7, steps=4, **fields)
+    plan = engine.plan(request, engine.layout)
+    seen = []
+
+    def on_progress(event):
+        if event.preview:
+            seen.append((event.step, event.preview, Image.open(event.preview)))
+
+    generation = engine.generate(plan, on_progress=on_progress)
+    return plan, generation, seen
+
+
+def test_preview_written_every_n_steps_with_the_latent_grid_shape(trained_engine):
+    plan, generation, seen = _run(trained_engine, preview_every=2)
+    assert [step for step, _, _ in seen] == [1, 3]  # steps 2 and 4 (0-based 1 and 3), each named once
+    image = seen[-1][2]
+    assert image.format == "GIF" and image.n_frames == trained_engine.config.latent_frames
+    stride = trained_engine.config.spatial_stride
+    rows, columns = 256 // stride, 448 // stride  # 272p's latent grid (4 x 7), 8 x 8 pixels a cell: 32 x 56,
+    assert image.size == (columns * 8 * 3, rows * 8 * 3)  # enlarged x3 to a shorter side >= MIN_SIDE (96)
+    assert plan.resolved["preview_every"] == 2
+    assert generation.resolved["live_preview"] == {"every": 2, "map": "tiny-trained"}
+    assert not Path(seen[-1][1]).exists()  # the engine's folder goes with the run
+
+
+def test_preview_off_when_asked(trained_engine):
+    _, generation, seen = _run(trained_engine, preview_every=0)
+    assert seen == [] and generation.resolved["live_preview"] == "off"
+
+
+def test_preview_every_out_of_range_is_named():
+    from magi2studio.errors import InputError
+
+    with pytest.raises(InputError, match="preview_every"):
+        build_request(prompt="x", preview_every=-1)
+
+
+def test_fitted_map_beats_its_floor_on_held_out_latents():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from fit_preview_map import latents_and_targets, psnr
+
+    from magi2studio.engines.embedded.components import load_components
+    from magi2studio.engines.embedded.tiny_weights import checkpoint_folder
+    from magi2studio.semantic.scenes import sample_scenes
+
+    fitted = LinearPreviewMap.read(PREVIEW_MAPS / "tiny-trained.json")
+    held = list(itertools.islice(sample_scenes(fitted.fit["seed"] + 1, split="held_out"), 3))
+    x, y, _, _ = latents_and_targets(load_components(checkpoint_folder("trained")), held, fitted.patch)
+    assert psnr(x @ fitted.weight + fitted.bias, y) > HELD_OUT_PSNR_FLOOR_DB
+    assert json.loads((PREVIEW_MAPS / "tiny-trained.json").read_text())["fit"]["script"] == "scripts/fit_preview_map.py"
