@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
     from magi2studio.engines.embedded.components import load_components
     from magi2studio.engines.embedded.tiny import TinyConfig
-    from magi2studio.engines.embedded.tiny_weights import checkpoint_folder, tree_sha256
-    from magi2studio.engines.live_preview import LinearPreviewMap, fit_linear_map
+    from magi2studio.engines.embedded.tiny_weights import checkpoint_folder
+    from magi2studio.engines.live_preview import LinearPreviewMap, decoder_digest, fit_linear_map
     from magi2studio.semantic.scenes import sample_scenes
 
     root = checkpoint_folder(args.weights) or ensure_checkpoint(TinyConfig())
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     mean_psnr = psnr(np.broadcast_to(y.mean(axis=0), hy.shape), hy)  # the floor a constant picture gets
     fitted = LinearPreviewMap(
         name=f"tiny-{args.weights if args.weights in ('random', 'trained') else Path(args.weights).name}",
-        decoder_sha256=tree_sha256(root / "turbo_vae"), weight=weight, bias=bias, patch=args.patch,
+        decoder_sha256=decoder_digest(root / "turbo_vae"), weight=weight, bias=bias, patch=args.patch,
         fit={"script": "scripts/fit_preview_map.py", "weights": args.weights, "seed": args.seed,
              "train_scenes": args.train, "held_out_scenes": args.held_out, "cells": int(len(x)),
              "held_out_psnr_db": round(held_psnr, 2), "constant_picture_psnr_db": round(mean_psnr, 2)})

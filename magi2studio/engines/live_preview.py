@@ -67,13 +67,24 @@ class LinearPreviewMap:
                 "weight": np.round(self.weight, 6).tolist(), "bias": np.round(self.bias, 6).tolist()}
         Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
-    def apply(self, latent):
-        """torch ``[C, T, h, w]`` -> uint8 ``[T, h * patch, w * patch, 3]`` on the latent's device."""
+    def tensors(self, device) -> tuple[Any, Any]:
+        """The weight and bias on ``device``; to a GPU from pinned memory, ``non_blocking`` (no sync)."""
 
         import torch
 
-        weight = torch.as_tensor(self.weight, device=latent.device)
-        bias = torch.as_tensor(self.bias, device=latent.device)
+        weight, bias = torch.from_numpy(self.weight), torch.from_numpy(self.bias)
+        if torch.device(device).type == "cuda":
+            return weight.pin_memory().to(device, non_blocking=True), bias.pin_memory().to(device, non_blocking=True)
+        return weight.to(device), bias.to(device)
+
+    def apply(self, latent, tensors: tuple[Any, Any] | None = None):
+        """torch ``[C, T, h, w]`` -> uint8 ``[T, h * patch, w * patch, 3]`` on the latent's device.
+
+        ``tensors``: :meth:`tensors` for that device, made once by the caller (a loop's previews)."""
+
+        import torch
+
+        weight, bias = tensors or self.tensors(latent.device)
         channels, frames, height, width = latent.shape
         flat = latent.float().permute(1, 2, 3, 0).reshape(-1, channels)
         rgb = torch.addmm(bias, flat, weight).reshape(frames, height, width, 3, self.patch, self.patch)
@@ -89,6 +100,33 @@ def fit_linear_map(latents: np.ndarray, targets: np.ndarray, patch: int) -> tupl
     return solution[:-1].astype(np.float32), solution[-1].astype(np.float32)
 
 
+def decoder_digest(decoder_folder: str | Path) -> str:
+    """sha256 over a TurboVAE folder's config files and its weights' names and values (not the
+    checkpoint's bytes: ``torch.save`` writes a random serialization id, so a regenerated seeded
+    checkpoint has other bytes and the same weights)."""
+
+    import hashlib
+
+    import torch
+
+    folder = Path(decoder_folder)
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.json")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key in sorted(value):
+                walk(f"{prefix}/{key}", value[key])
+        elif isinstance(value, torch.Tensor):
+            digest.update(f"{prefix}:{value.dtype}:{tuple(value.shape)}".encode())
+            digest.update(value.detach().contiguous().cpu().numpy().tobytes())
+
+    for path in sorted(folder.glob("*.ckpt")):
+        walk(path.name, torch.load(path, map_location="cpu", weights_only=True))
+    return digest.hexdigest()
+
+
 def map_for_decoder(decoder_sha256: str, folder: Path = PREVIEW_MAPS) -> Path | None:
     """The committed map's file fitted to this decoder, or None (the preview then says it has none)."""
 
@@ -98,10 +136,11 @@ def map_for_decoder(decoder_sha256: str, folder: Path = PREVIEW_MAPS) -> Path | 
     return None
 
 
-def pick_frames(count: int, limit: int = MAX_FRAMES) -> list[int]:
-    if count <= limit:
-        return list(range(count))
-    return sorted({round(i * (count - 1) / (limit - 1)) for i in range(limit)})
+def pick_frames(count: int, limit: int = MAX_FRAMES) -> slice:
+    """At most ``limit`` evenly strided latent frames: a slice, so a device tensor is only viewed
+    (a list index would be copied to the device from pageable memory, a sync)."""
+
+    return slice(None, None, -(-count // limit))
 
 
 def encode_gif(frames: np.ndarray) -> bytes:
@@ -144,6 +183,7 @@ class LivePreview:
         self.map = preview_map
         self.written: list[dict[str, Any]] = []
         self._pending: list[tuple[Any, Any, dict[str, Any]]] = []  # (host uint8, event or None, info)
+        self._tensors: tuple[Any, Any] | None = None  # the map on the estimate's device, uploaded once
 
     def wanted(self, index: int, total: int) -> bool:
         return self.every > 0 and ((index + 1) % self.every == 0 or index + 1 == total)
@@ -158,7 +198,9 @@ class LivePreview:
         if estimate is None or estimate.shape[1] != self.map.channels:
             return
         latent = estimate[0, :, pick_frames(estimate.shape[2])]
-        small = self.map.apply(latent)
+        if self._tensors is None or self._tensors[0].device != latent.device:
+            self._tensors = self.map.tensors(latent.device)
+        small = self.map.apply(latent, self._tensors)
         info = {"stage": stage, "step": index, "total": total, "frames": int(small.shape[0]),
                 "height": int(small.shape[1]), "width": int(small.shape[2])}
         host, event = self._start_copy(small)

@@ -98,3 +98,10 @@ def test_map_turns_a_latent_cell_into_its_patch():
     cell = latent[:, 1, 2, 4].numpy() @ fitted.weight + fitted.bias  # (colour, row, column)
     expected = np.clip(cell.reshape(3, 8, 8).transpose(1, 2, 0) * 127.5 + 127.5, 0, 255).astype(np.uint8)
     assert np.abs(picture[1, 16:24, 32:40].astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_frames_are_picked_by_a_view_at_most_eight():
+    from magi2studio.engines.live_preview import MAX_FRAMES, pick_frames
+
+    assert [len(range(count)[pick_frames(count)]) for count in (1, 4, 8, 9, 32, 63)] == [1, 4, 8, 5, 8, 8]
+    assert all(len(range(count)[pick_frames(count)]) <= MAX_FRAMES for count in range(1, 200))

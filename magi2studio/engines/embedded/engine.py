@@ -21,7 +21,7 @@ from ...vocabulary.layouts import Layout, check_shape
 from ...vocabulary.request import Request, output_size
 from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
-from ..live_preview import default_every, map_for_decoder, read_latest
+from ..live_preview import decoder_digest, default_every, map_for_decoder, read_latest
 from .components import STAND_INS
 from .rank import Job, StageStarted, StepFinished
 from .pool import RankPool
@@ -182,7 +182,7 @@ class EmbeddedEngine(Engine):
             raise RuntimeError("start(layout) the engine before generate()")
         started = time.perf_counter()
         if self._preview_map is None:  # the decoder's files do not change while the engine lives
-            self._preview_map = (map_for_decoder(tree_sha256(self.checkpoint() / "turbo_vae")),)
+            self._preview_map = (map_for_decoder(decoder_digest(self.checkpoint() / "turbo_vae")),)
         preview_map = self._preview_map[0]
         preview_dir = tempfile.mkdtemp(prefix="magi2studio-preview-")
         shown: set[str | None] = set()  # pictures already named: a progress event names a new one once
