@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
 from ..errors import InputError
 from .paths import contained, read_text, regular_file
@@ -68,7 +68,8 @@ class Request(BaseModel):
     output_height: int | None = Field(None, title="Output height", description=(
         "delivered height; blank: the tier's generated size (1080p generates 1088; 1080 resizes it)"))
 
-    @field_validator("seed", "steps", "refiner_steps", "output_width", "output_height", mode="before")
+    @field_validator("seed", "steps", "refiner_steps", "preview_every", "output_width", "output_height",
+                     mode="before")
     @classmethod
     def _integers_only(cls, value: Any) -> Any:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -76,6 +77,16 @@ class Request(BaseModel):
         if isinstance(value, str):
             raise ValueError("must be a whole number, not text")
         return value
+
+    @model_serializer(mode="wrap")
+    def _without_unset_preview(self, handler) -> dict[str, Any]:
+        """A request that leaves ``preview_every`` blank dumps as before the field existed, so the
+        manifests, request.yaml files and reproduce keys of earlier runs still verify and match."""
+
+        data = handler(self)
+        if data.get("preview_every") is None:
+            data.pop("preview_every", None)
+        return data
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)

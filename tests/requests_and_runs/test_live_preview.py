@@ -60,8 +60,9 @@ def test_preview_off_when_asked(trained_engine):
 def test_preview_every_out_of_range_is_named():
     from magi2studio.errors import InputError
 
-    with pytest.raises(InputError, match="preview_every"):
+    with pytest.raises(InputError, match=r"^preview_every: -1 is out of range\. Fix: use 0 \(off\)"):
         build_request(prompt="x", preview_every=-1)
+    assert build_request(prompt="x", preview_every=0).preview_every == 0
 
 
 def test_fitted_map_beats_its_floor_on_held_out_latents():
@@ -77,3 +78,16 @@ def test_fitted_map_beats_its_floor_on_held_out_latents():
     x, y, _, _ = latents_and_targets(load_components(checkpoint_folder("trained")), held, fitted.patch)
     assert psnr(x @ fitted.weight + fitted.bias, y) > HELD_OUT_PSNR_FLOOR_DB
     assert json.loads((PREVIEW_MAPS / "tiny-trained.json").read_text())["fit"]["script"] == "scripts/fit_preview_map.py"
+
+
+def test_a_blank_preview_setting_dumps_as_requests_did_before_it_existed():
+    """Earlier runs' manifests hold no preview_every: verify_run and reproduce's keys compare dumps."""
+
+    from magi2studio.vocabulary.request import Request
+
+    before = ["mode", "prompt", "prompt_file", "image", "negative_prompt", "seed", "tier", "steps", "refiner_steps",
+              "video_cfg", "audio_cfg", "compile", "deterministic", "output_width", "output_height"]
+    request = build_request(prompt="a kite", seed=3)
+    assert list(request.model_dump(mode="json")) == before and "preview_every" not in request.to_yaml()
+    assert Request.from_yaml(request.to_yaml()) == request
+    assert build_request(prompt="a kite", preview_every=3).model_dump(mode="json")["preview_every"] == 3
