@@ -70,6 +70,8 @@ def bench_cpu(steps: int, repeats: int) -> dict:
                 previews[name] = count[0]
     finally:
         engine.close()
+    if not previews["default"] or previews["off"]:
+        raise SystemExit(f"the preview was not on and off as asked ({previews} pictures a run): nothing measured")
     off = statistics.median(gates["off"])
     return {
         "inputs": {"engine": "embedded, trained tiny weights", "tier": "272p", "layout": "sp1-cfg1", "steps": steps,

@@ -91,3 +91,17 @@ def test_a_blank_preview_setting_dumps_as_requests_did_before_it_existed():
     assert list(request.model_dump(mode="json")) == before and "preview_every" not in request.to_yaml()
     assert Request.from_yaml(request.to_yaml()) == request
     assert build_request(prompt="a kite", preview_every=3).model_dump(mode="json")["preview_every"] == 3
+
+
+def test_each_committed_map_is_found_for_its_decoder(tmp_path):
+    """The trained folder's decoder and a freshly generated random tree's (what a new machine makes)."""
+
+    from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
+    from magi2studio.engines.embedded.tiny import TinyConfig
+    from magi2studio.engines.embedded.tiny_weights import checkpoint_folder
+    from magi2studio.engines.live_preview import decoder_digest, map_for_decoder
+
+    trained = checkpoint_folder("trained") / "turbo_vae"
+    assert map_for_decoder(decoder_digest(trained)) == PREVIEW_MAPS / "tiny-trained.json"
+    fresh = ensure_checkpoint(TinyConfig(), tmp_path)
+    assert map_for_decoder(decoder_digest(fresh / "turbo_vae")) == PREVIEW_MAPS / "tiny-random.json"
