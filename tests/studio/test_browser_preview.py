@@ -22,7 +22,7 @@ def test_the_preview_appears_beside_the_progress_and_survives_a_reload(studio, p
     page.locator("#job-panel").wait_for()
     page.locator("#prompt textarea").fill("A red ball bounces left to right on a blue floor; a beep at each bounce.")
     page.locator("#seed input").fill("9301")
-    page.locator("#steps input, #steps textarea").first.fill("40")
+    page.locator("#steps input, #steps textarea").first.fill("20")
     page.locator("#preview-every input, #preview-every textarea").first.fill("2")
     page.locator("#generate").click()
     picture = page.locator("#live-preview-image")
@@ -34,9 +34,7 @@ def test_the_preview_appears_beside_the_progress_and_survives_a_reload(studio, p
     assert progress["x"] <= preview["x"] < progress["x"] + progress["width"]
     assert page.evaluate("document.getElementById('live-preview-image').naturalWidth") > 0
     page.wait_for_function(f"Number(document.querySelector('#live-preview figure').dataset.step) > {first_step}",
-                           timeout=120_000)  # it moves on with the steps
-    page.wait_for_function("Number(document.querySelector('#live-preview figure').dataset.step) >= 9",
-                           timeout=120_000)  # a quarter of the way: the screenshot's estimate has taken shape
+                           timeout=300_000)  # it moves on with the steps
     picture.scroll_into_view_if_needed()
     IMAGES.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(IMAGES / "studio-live-preview.png"))
