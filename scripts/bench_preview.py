@@ -7,15 +7,16 @@
 ``--device cpu``: the embedded engine (trained tiny weights, 272p, sp1-cfg1, one spawned rank)
 runs the same request with the preview off, every ``steps // 10`` steps (the default) and every
 step, alternating ``--repeats`` times so that drift on a shared machine hits all three alike.
-Per run: the MUSA report's gate (mean step ms, steps 0 and 1 dropped, ``engines.timing``); per
-setting the median over repeats; ``ratio`` = preview / off.
+Per run: the sampling stage's wall time per step (the driver's ``stage_ms["preview"]``: the hooks
+and the preview included); per setting the median over repeats; ``ratio`` = preview / off. Not the
+step records' gate: the preview runs between one step's end mark and the next one's start mark.
 
 ``--device cuda`` (no vLLM-Omni needed; the device machine cannot import it): the real hooks
 (``timing.install_step_hooks``) on a loop with upstream's per-step method names and order whose
 step is ``--matmuls`` bf16 4096² matmuls, and whose ``step`` leaves the x0 estimate where
 upstream's scheduler does (``model_outputs[-1]``) at the real 272p latent's shape
-(``[1, 48, 32, 17, 30]``, bf16) under the committed 48-channel map. Step times come from the
-timer's CUDA events; the host syncs inside the loop are counted with ``torch.profiler``
+(``[1, 48, 32, 17, 30]``, bf16) under the committed 48-channel map. Step time: the sample's wall
+time (synchronized before and after) over its steps. The host syncs inside the loop are counted with ``torch.profiler``
 (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``).
 """
 
@@ -48,7 +49,6 @@ def machine(device: str) -> dict:
 def bench_cpu(steps: int, repeats: int) -> dict:
     from magi2studio.engines.embedded.engine import EmbeddedEngine
     from magi2studio.engines.live_preview import default_every
-    from magi2studio.engines.timing import gate_summary
     from magi2studio.vocabulary.layouts import parse_layout
     from magi2studio.vocabulary.request import build_request
 
@@ -66,7 +66,9 @@ def bench_cpu(steps: int, repeats: int) -> dict:
                 count = [0]
                 generation = engine.generate(engine.plan(request, layout),
                                              on_progress=lambda e: count.__setitem__(0, count[0] + bool(e.preview)))
-                gates[name].append(gate_summary(generation.step_records)["gate_ms"])
+                # The sampling stage's wall time a step: the preview runs between a step's end mark and
+                # the next one's start mark, so the step records (the gate) would not see it.
+                gates[name].append(generation.stage_ms["preview"] / steps)
                 previews[name] = count[0]
     finally:
         engine.close()
@@ -77,8 +79,8 @@ def bench_cpu(steps: int, repeats: int) -> dict:
         "inputs": {"engine": "embedded, trained tiny weights", "tier": "272p", "layout": "sp1-cfg1", "steps": steps,
                    "repeats": repeats, "prompt": "a red ball bounces left to right on a blue floor", "seed": 7},
         "settings": settings,
-        "gate_ms": {name: [round(v, 2) for v in values] for name, values in gates.items()},
-        "median_gate_ms": {name: round(statistics.median(values), 2) for name, values in gates.items()},
+        "sampling_ms_per_step": {name: [round(v, 2) for v in values] for name, values in gates.items()},
+        "median_ms_per_step": {name: round(statistics.median(values), 2) for name, values in gates.items()},
         "ratio": {name: round(statistics.median(values) / off, 4) for name, values in gates.items() if name != "off"},
         "previews_per_run": previews,
     }
@@ -146,13 +148,18 @@ def bench_cuda(steps: int, repeats: int, matmuls: int) -> dict:
     def run(every: int, folder: str, profiled: bool = False) -> tuple[float, dict, int]:
         timer = MarkedTimer()
         timer.preview = LivePreview(folder, every, preview_map) if every else None
+        torch.cuda.synchronize()
+        began = time.perf_counter()
         with timing.active(timer):
             if profiled:
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     loop.sample(Input)
             else:
                 loop.sample(Input)
-        gate = timing.gate_summary(timer.records)["gate_ms"]
+        torch.cuda.synchronize()
+        # Wall time a step, the sample's end included: the preview runs between a step's end mark
+        # and the next one's start mark, so the timer's events (the gate) would not see it.
+        gate = (time.perf_counter() - began) * 1e3 / steps
         syncs: dict = {}
         if profiled:
             names = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -184,8 +191,8 @@ def bench_cuda(steps: int, repeats: int, matmuls: int) -> dict:
                    "repeats": repeats, "x0_shape": list(latent_shape), "x0_dtype": "bfloat16",
                    "map": f"{preview_map.name} (48 channels, patch {preview_map.patch})"},
         "settings": settings,
-        "gate_ms": {name: [round(v, 3) for v in values] for name, values in gates.items()},
-        "median_gate_ms": {name: round(statistics.median(values), 3) for name, values in gates.items()},
+        "wall_ms_per_step": {name: [round(v, 3) for v in values] for name, values in gates.items()},
+        "median_ms_per_step": {name: round(statistics.median(values), 3) for name, values in gates.items()},
         "ratio": {name: round(statistics.median(values) / off, 4) for name, values in gates.items() if name != "off"},
         "previews_written": written,
         "syncs_preview_off": syncs_off,
