@@ -1,7 +1,7 @@
 """The live preview in Debian's Chromium at 1440x900: while a run denoises, the newest picture of its
 clean-video estimate appears beside the progress, moves on with the steps, and is back after a reload.
-Its screenshot goes to docs/images/studio-live-preview.png (the committed one was taken with
-MAGI2_EMBEDDED_WEIGHTS=trained, where the estimate is a picture; random tiny weights decode to noise)."""
+Its screenshot goes to docs/images/studio-live-preview.png (the committed one shows random tiny weights'
+estimate, which decodes to coloured noise; under MAGI2_EMBEDDED_WEIGHTS=trained it is a picture)."""
 
 from __future__ import annotations
 
