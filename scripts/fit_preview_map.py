@@ -82,14 +82,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
+    from magi2studio.engines import get_engine
     from magi2studio.engines.embedded.components import load_components
-    from magi2studio.engines.embedded.tiny import TinyConfig
-    from magi2studio.engines.embedded.tiny_weights import checkpoint_folder
     from magi2studio.engines.live_preview import LinearPreviewMap, decoder_digest, fit_linear_map
     from magi2studio.semantic.scenes import sample_scenes
 
-    root = checkpoint_folder(args.weights) or ensure_checkpoint(TinyConfig())
+    # The engine's own folder: the weights' folder, or the tree it generates (its cache), made as it makes it.
+    root = get_engine("embedded", weights=args.weights).checkpoint()
     components = load_components(root)
     train = list(itertools.islice(sample_scenes(args.seed, split="train"), args.train))
     held = list(itertools.islice(sample_scenes(args.seed + 1, split="held_out"), args.held_out))

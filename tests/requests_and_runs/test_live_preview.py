@@ -96,12 +96,11 @@ def test_a_blank_preview_setting_dumps_as_requests_did_before_it_existed():
 def test_each_committed_map_is_found_for_its_decoder(tmp_path):
     """The trained folder's decoder and a freshly generated random tree's (what a new machine makes)."""
 
-    from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
-    from magi2studio.engines.embedded.tiny import TinyConfig
+    from magi2studio.engines import get_engine
     from magi2studio.engines.embedded.tiny_weights import checkpoint_folder
     from magi2studio.engines.live_preview import decoder_digest, map_for_decoder
 
     trained = checkpoint_folder("trained") / "turbo_vae"
     assert map_for_decoder(decoder_digest(trained)) == PREVIEW_MAPS / "tiny-trained.json"
-    fresh = ensure_checkpoint(TinyConfig(), tmp_path)
+    fresh = get_engine("embedded", checkpoint_root=tmp_path).checkpoint()  # generated as the engine does
     assert map_for_decoder(decoder_digest(fresh / "turbo_vae")) == PREVIEW_MAPS / "tiny-random.json"
