@@ -54,6 +54,7 @@ class Progress:
     total: int | None = None
     elapsed_s: float = 0.0
     message: str = ""
+    preview: str | None = None  # the newest live preview picture (a GIF file), when one was written
 
 
 @dataclass

@@ -33,6 +33,7 @@ from ..jobs.runner import RunnerLock, execute_job, plan_record
 from ..jobs.stage_clock import StageClock
 from ..vocabulary.layouts import Layout
 from ..vocabulary.request import RANDOM_SEED, Request
+from . import live_preview
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class EngineSlot:
         self._state = "loading" if preload is not None else "idle"
         self._closed = False
         self._followers = 0  # handlers following a job now (see following())
+        self.latest_preview: live_preview.LatestPreview | None = None  # the newest run's newest preview
         self._thread = threading.Thread(target=self._serve, args=(preload,), name="engine-slot", daemon=True)
         self._thread.start()
         self._watcher = threading.Thread(target=self._watch, name="engine-slot-queue-file", daemon=True)
@@ -379,6 +381,7 @@ class EngineSlot:
             if event.stage != "load":
                 self._state = "busy"
             job.clock.on_event(event)
+            self.latest_preview = live_preview.remember(record.id, event) or self.latest_preview
             put(Update("progress", progress=event))
 
         outcome = execute_job(self.engine, job.plan, self.outputs_root, record, on_progress=on_progress,

@@ -24,7 +24,7 @@ from ..vocabulary.layouts import PRESETS
 from ..vocabulary.request import RANDOM_SEED, draw_seed
 from ..vocabulary.tiers import TIERS
 from . import form as F
-from . import batch_panel, job_panel, session_state
+from . import batch_panel, job_panel, live_preview, session_state
 from . import layout_picker as LP
 from .context import StudioContext
 from .endpoint import one_parameter_per_field, uploads_only
@@ -110,6 +110,7 @@ def build(ctx: StudioContext) -> None:
                     cancel = gr.Button("Cancel", variant="stop", elem_id="cancel", interactive=False)
                 errors["general"] = _error_line("", "general")
                 progress = gr.HTML(_progress_html("idle"), elem_id="progress")
+                live_preview.build(ctx.slot)
                 with gr.Accordion(F.label("negative_prompt"), open=False, elem_id="negative-accordion"):
                     negative = gr.Textbox(label=F.label("negative_prompt"), lines=2, elem_id="negative-prompt",
                                           placeholder=F.help_text("negative_prompt"))
@@ -128,6 +129,8 @@ def build(ctx: StudioContext) -> None:
                                         "" if caps.demo_steps is None else str(caps.demo_steps), elem_id="steps")
                     refiner_steps = _text_field("refiner_steps", f"blank: engine default, {caps.default_refiner_steps}",
                                                 elem_id="refiner-steps")
+                    preview_every = _text_field("preview_every", "blank: about 10 a run; 0: off",
+                                                elem_id="preview-every")
                 if caps.demo_steps is not None:
                     gr.Markdown(_demo_line(caps), elem_id="demo-defaults")
                 errors["sampling"] = _error_line("", "sampling")
@@ -177,7 +180,8 @@ def build(ctx: StudioContext) -> None:
         cancel_job_box = gr.Textbox(visible=False)
 
     fields = {"mode": mode, "prompt": prompt, "prompt_file": prompt_file, "image": image, "negative_prompt": negative,
-              "seed": seed, "tier": tier, "steps": steps, "refiner_steps": refiner_steps, "video_cfg": video_cfg,
+              "seed": seed, "tier": tier, "steps": steps, "refiner_steps": refiner_steps,
+              "preview_every": preview_every, "video_cfg": video_cfg,
               "audio_cfg": audio_cfg, "compile": compile_mode, "deterministic": deterministic,
               "output_width": output_width, "output_height": output_height,
               "layout_preset": preset, "sp": sp, "cfg": cfg, "ep": ep}

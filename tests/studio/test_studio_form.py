@@ -31,7 +31,7 @@ def test_the_form_has_every_request_field_in_the_models_order_then_the_layout():
     assert F.FIELDS[: len(Request.model_fields)] == tuple(Request.model_fields)
     assert F.FIELDS[len(Request.model_fields):] == ("layout_preset", "sp", "cfg", "ep")
     assert {"output_width", "output_height"} <= set(F.FIELDS)
-    assert set(F.OPTIONAL_WHOLE) == {"steps", "refiner_steps", "output_width", "output_height"}
+    assert set(F.OPTIONAL_WHOLE) == {"steps", "refiner_steps", "preview_every", "output_width", "output_height"}
 
 
 def test_every_field_has_an_error_line_next_to_it_and_a_label():
