@@ -3,7 +3,7 @@
 The Generate button's event is also the public API endpoint ``/generate``: page and
 gradio_client go through the same function, so they get the same validation.
 
-About 300 lines on purpose: :func:`build` makes the form's components and wires their events
+About 400 lines on purpose: :func:`build` makes the form's components and wires their events
 inside one Gradio Blocks context; the endpoint's shape is :mod:`.endpoint`, the form's values
 :mod:`.form`, the layout control :mod:`.layout_picker`, the job list :mod:`.job_panel`.
 """
