@@ -131,8 +131,6 @@ def build(ctx: StudioContext) -> None:
                                                 elem_id="refiner-steps")
                     preview_every = _text_field("preview_every", "blank: about 10 a run; 0: off",
                                                 elem_id="preview-every")
-                if caps.demo_steps is not None:
-                    gr.Markdown(_demo_line(caps), elem_id="demo-defaults")
                 errors["sampling"] = _error_line("", "sampling")
                 tier = gr.Radio([(_tier_label(name, caps.tiers.get(name)), name) for name in TIERS],
                                 value=first_tier, label=F.label("tier"), elem_id="tier")
@@ -154,6 +152,8 @@ def build(ctx: StudioContext) -> None:
                 # The layout's one verdict: the live check, and a Generate refusal of the layout.
                 layout_line = gr.Markdown(elem_id="layout-check")
                 errors["layout"] = layout_line
+                if caps.demo_steps is not None:  # below the layout's verdict, which stays above the fold
+                    gr.Markdown(_demo_line(caps), elem_id="demo-defaults")
                 with gr.Accordion("Advanced: guidance, compile mode, determinism, output size", open=False,
                                   elem_id="advanced"):
                     with gr.Row():
