@@ -9,6 +9,7 @@ import gradio as gr
 
 from ..errors import InputError
 from ..run_folder.runs import load_run
+from . import batch_panel
 from . import history as H
 from .context import StudioContext
 from .served import cached
@@ -36,8 +37,9 @@ def build(ctx: StudioContext) -> None:
                 confirm_text = gr.Markdown()
                 confirm = gr.Button("Yes, delete it", variant="stop", elem_id="history-delete-yes", scale=0)
                 keep = gr.Button("Keep it", elem_id="history-delete-no", scale=0)
-        shown = gr.State([])
         picked = gr.State(None)
+        batch_panel.build_grid(ctx, picked, "history-batch")
+        shown = gr.State([])
 
     def load_history(text: str | None):
         entries = H.list_entries(ctx.outputs_root)

@@ -12,6 +12,7 @@ import gradio as gr
 
 from ..errors import InputError
 from ..run_folder.runs import RunFolder, load_run, manifest_request
+from . import batch_panel
 from . import results as R
 from .context import StudioContext
 from .form import FIELDS
@@ -81,6 +82,7 @@ def build(ctx: StudioContext) -> None:
         with gr.Accordion("manifest.json", open=False):
             manifest = gr.JSON(label="manifest", elem_id="manifest")
         run_path = gr.State(None)
+        batch_panel.build_grid(ctx, run_path, "results-batch")
 
     ctx.results = ResultsView(headline, video, wav, plot, summary, manifest, download, run_path, ctx)
 
