@@ -29,6 +29,11 @@ def row(page, text: str):
     return page.locator("#job-panel tr", has_text=text)
 
 
+def action(job_row, name: str):
+    """A row's button, by the name it has for a screen reader: the action and its job ("up job #8: T2VA ...")."""
+    return job_row.get_by_role("button", name=re.compile(rf"^{name} job #\d+: "))
+
+
 def open_batch_form(page, prompt: str, seed: int, steps: int) -> None:
     page.goto(page.studio_url)
     page.locator("#job-panel").wait_for()
@@ -102,15 +107,15 @@ def test_pause_holds_a_batch_while_it_is_moved_and_edited_then_resume_runs_it(st
     for label in ("run 1 of 3", "run 2 of 3", "run 3 of 3"):
         assert row(page, label).get_attribute("data-state") == "waiting"
     assert "position 3" in third.inner_text()
-    third.get_by_role("button", name="up", exact=True).click()
+    action(third, "up").click()
     page.wait_for_function("() => [...document.querySelectorAll('#job-panel tr')].find("
                            "r => r.innerText.includes('run 3 of 3'))?.innerText.includes('position 2')",
                            timeout=30_000)
-    first.get_by_role("button", name="down", exact=True).click()
+    action(first, "down").click()
     page.wait_for_function("() => [...document.querySelectorAll('#job-panel tr')].find("
                            "r => r.innerText.includes('run 1 of 3'))?.innerText.includes('position 2')",
                            timeout=30_000)
-    first.get_by_role("button", name="edit", exact=True).click()
+    action(first, "edit").click()
     page.locator("#job-edit-bar").wait_for(timeout=30_000)
     page.locator("#seed input").fill("9329")
     page.locator("#seed input").press("Tab")
