@@ -51,50 +51,50 @@ def batch_page(studio, page):
 
 def test_a_batch_of_three_ends_as_a_grid_of_posters(batch_page):
     page = batch_page
-    open_batch_form(page, "A paper lantern drifts over a dark pond; crickets.", 9301, 2)
+    open_batch_form(page, "A paper lantern drifts over a dark pond; crickets.", 9701, 2)
     page.locator("#batch-count input").fill("3")
     page.locator("#batch-seed-policy").get_by_text("increment", exact=True).click()
     page.locator("#batch-queue").click()
     page.locator("#batch-notice").get_by_text(re.compile(r"queued 3 runs as one batch")).wait_for(timeout=30_000)
-    for seed in (9301, 9302, 9303):
+    for seed in (9701, 9702, 9703):
         row(page, f"seed {seed} ").locator("td", has_text=DONE).wait_for(state="attached", timeout=300_000)
         assert re.search(rf"batch \w+: seed {seed}", row(page, f"seed {seed} ").inner_text())
-    assert row(page, "seed 9303 ").locator("img.m2s-job-poster").count() == 1  # the finished row's thumbnail
-    row(page, "seed 9302 ").get_by_role("button", name="open").click()
+    assert row(page, "seed 9703 ").locator("img.m2s-job-poster").count() == 1  # the finished row's thumbnail
+    row(page, "seed 9702 ").get_by_role("button", name="open").click()
     grid = page.locator("#results-batch")
     grid.wait_for(timeout=60_000)
-    for seed in (9301, 9302, 9303):
+    for seed in (9701, 9702, 9703):
         grid.get_by_text(f"seed {seed}", exact=True).wait_for(timeout=30_000)
     assert "3 finished runs" in page.locator("#results-batch-caption").inner_text()
     grid.scroll_into_view_if_needed()
     IMAGES.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(IMAGES / "studio-batch-grid.png"), full_page=False)
     grid.locator("button.thumbnail-item").nth(2).click()  # "open" goes to each run
-    page.locator("#run-headline").get_by_text("9303", exact=True).wait_for(timeout=30_000)
+    page.locator("#run-headline").get_by_text("9703", exact=True).wait_for(timeout=30_000)
 
 
 def test_a_seed_sweep_shows_as_a_grid_in_history(batch_page):
     page = batch_page
-    open_batch_form(page, "A brass bell swings in a stone tower; one toll.", 9311, 2)
-    page.locator("#batch-grid-seeds input, #batch-grid-seeds textarea").first.fill("9311,9312")
+    open_batch_form(page, "A brass bell swings in a stone tower; one toll.", 9711, 2)
+    page.locator("#batch-grid-seeds input, #batch-grid-seeds textarea").first.fill("9711,9712")
     page.locator("#batch-queue").click()
     page.locator("#batch-notice").get_by_text(re.compile(r"queued 2 runs as one batch")).wait_for(timeout=30_000)
-    for seed in (9311, 9312):
+    for seed in (9711, 9712):
         row(page, f"seed {seed} ").locator("td", has_text=DONE).wait_for(state="attached", timeout=300_000)
     page.get_by_role("tab", name="History").click()
     page.locator("#history-gallery img").first.wait_for(state="visible", timeout=30_000)
-    page.locator("#history-search input, #history-search textarea").first.fill("seed 9312")
+    page.locator("#history-search input, #history-search textarea").first.fill("seed 9712")
     page.locator("#history-count").get_by_text("1 of").wait_for(timeout=30_000)
     page.locator("#history-gallery img").first.click()
     grid = page.locator("#history-batch")
     grid.wait_for(timeout=30_000)
-    grid.get_by_text("seed 9311", exact=True).wait_for(timeout=30_000)
-    grid.get_by_text("seed 9312", exact=True).wait_for(timeout=30_000)
+    grid.get_by_text("seed 9711", exact=True).wait_for(timeout=30_000)
+    grid.get_by_text("seed 9712", exact=True).wait_for(timeout=30_000)
 
 
 def test_pause_holds_a_batch_while_it_is_moved_and_edited_then_resume_runs_it(studio, batch_page):
     page = batch_page
-    open_batch_form(page, "A clock ticks on a bare wall; a door shuts.", 9321, 2)
+    open_batch_form(page, "A clock ticks on a bare wall; a door shuts.", 9721, 2)
     page.locator("#queue-pause").click()
     page.locator("#queue-paused").wait_for(timeout=30_000)
     assert JobQueue(studio.outputs).read().paused  # the file's flag, which a restart keeps
@@ -117,11 +117,11 @@ def test_pause_holds_a_batch_while_it_is_moved_and_edited_then_resume_runs_it(st
                            timeout=30_000)
     action(first, "edit").click()
     page.locator("#job-edit-bar").wait_for(timeout=30_000)
-    page.locator("#seed input").fill("9329")
+    page.locator("#seed input").fill("9729")
     page.locator("#seed input").press("Tab")
     page.locator("#job-edit-save").click()
-    row(page, "seed 9329 ").wait_for(timeout=30_000)
-    assert "run 1 of 3" in row(page, "seed 9329 ").inner_text()
+    row(page, "seed 9729 ").wait_for(timeout=30_000)
+    assert "run 1 of 3" in row(page, "seed 9729 ").inner_text()
     page.locator("#queue-resume").click()
     page.locator("#queue-paused").wait_for(state="detached", timeout=30_000)
     for label in ("run 1 of 3", "run 2 of 3", "run 3 of 3"):
@@ -130,4 +130,4 @@ def test_pause_holds_a_batch_while_it_is_moved_and_edited_then_resume_runs_it(st
             and job.request["prompt"].startswith("A clock ticks")]
     order = sorted(jobs, key=lambda job: job.started)
     assert [job.label for job in order] == ["run 3 of 3", "run 1 of 3", "run 2 of 3"]  # moved: ran in that order
-    assert order[1].request["seed"] == 9329  # edited while waiting
+    assert order[1].request["seed"] == 9729  # edited while waiting

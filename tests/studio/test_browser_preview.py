@@ -21,7 +21,7 @@ def test_the_preview_appears_beside_the_progress_and_survives_a_reload(studio, p
     page.goto(studio.url)
     page.locator("#job-panel").wait_for()
     page.locator("#prompt textarea").fill("A red ball bounces left to right on a blue floor; a beep at each bounce.")
-    page.locator("#seed input").fill("9301")
+    page.locator("#seed input").fill("9801")
     page.locator("#steps input, #steps textarea").first.fill("20")
     page.locator("#preview-every input, #preview-every textarea").first.fill("2")
     page.locator("#generate").click()
