@@ -35,7 +35,8 @@ def test_the_preview_appears_beside_the_progress_and_survives_a_reload(studio, p
     assert page.evaluate("document.getElementById('live-preview-image').naturalWidth") > 0
     page.wait_for_function(f"Number(document.querySelector('#live-preview figure').dataset.step) > {first_step}",
                            timeout=300_000)  # it moves on with the steps
-    picture.scroll_into_view_if_needed()
+    # The progress line and the whole picture in the shot (if-needed scrolling left the picture cut at the bottom).
+    page.locator("#live-preview figure").evaluate("e => e.scrollIntoView({block: 'center'})")
     IMAGES.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(IMAGES / "studio-live-preview.png"))
     page.reload()
