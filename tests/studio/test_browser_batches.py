@@ -92,7 +92,14 @@ def test_a_seed_sweep_shows_as_a_grid_in_history(batch_page):
     grid.get_by_text("seed 9712", exact=True).wait_for(timeout=30_000)
 
 
-def test_pause_holds_a_batch_while_it_is_moved_and_edited_then_resume_runs_it(studio, batch_page):
+@pytest.fixture
+def resumed_afterwards(studio):
+    """The suite's one studio runs every later test's jobs: a failure here must not leave its queue paused."""
+    yield
+    studio.ctx.slot.steer("set_paused", False)
+
+
+def test_pause_holds_a_batch_while_it_is_moved_and_edited_then_resume_runs_it(studio, batch_page, resumed_afterwards):
     page = batch_page
     open_batch_form(page, "A clock ticks on a bare wall; a door shuts.", 9721, 2)
     page.locator("#queue-pause").click()
