@@ -147,12 +147,13 @@ def build_grid(ctx: StudioContext, run_path: gr.State, elem_id: str) -> None:
                 f"{'' if len(members) == 1 else 's'}{waiting}. Pick one to open it.",
                 [(poster, run.label) for run, poster in members], [str(run.path) for run, _ in members])
 
-    def open_picked(paths: list[str], event: gr.SelectData):
+    def open_picked(paths: list[str], event: gr.SelectData, request: gr.Request):
         try:
             run = load_run(Path(paths[event.index]))
         except (IndexError, InputError):
             raise gr.Error("run: that run folder is gone. Fix: pick another, or refresh History",
                            print_exception=False) from None
+        ctx.results.opened(request)
         return {**ctx.results.values_for(run), ctx.tabs: gr.Tabs(selected="results")}
 
     run_path.change(refresh, run_path, [column, caption, grid, shown], api_visibility="private",

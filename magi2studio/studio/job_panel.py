@@ -236,6 +236,8 @@ def build(ctx: StudioContext) -> JobPanel:
             return panel.edit(str(data.get("job", "")), request)
         notice, run = panel.act(str(data.get("action", "")), str(data.get("job", "")), request)
         shown = ctx.results.values_for(run) if run is not None else {}
+        if run is not None:
+            ctx.results.opened(request)
         return {panel.table: panel.render(request), panel.notice: notice, **shown,
                 ctx.tabs: gr.Tabs(selected="results") if run is not None else gr.Tabs()}
 

@@ -274,7 +274,7 @@ def build(ctx: StudioContext) -> None:
         with ctx.slot.following():
             streamed.add(job.id)  # the tick leaves this job's progress line to this stream
             try:
-                yield from job_outputs(job, source)
+                yield from job_outputs(job, source, request)
             except GeneratorExit:
                 # Gradio closes this handler when its client's stream has gone. A page's job stays (its
                 # browser finds it again after a reload); an API client's job would run for nobody.
@@ -284,9 +284,10 @@ def build(ctx: StudioContext) -> None:
             finally:
                 streamed.discard(job.id)
 
-    def job_outputs(job, source: str):
+    def job_outputs(job, source: str, request: gr.Request):
         """The form's outputs for each of the job's updates, until its terminal one (raised as gr.Error unless
-        done; a cancel the page asked for ends quietly, an API client gets it as an error)."""
+        done; a cancel the page asked for ends quietly, an API client gets it as an error). A done job shows in
+        Results, unless the person on the page opened a run since queuing it: that run stays."""
         started = time.monotonic()
         for update in ctx.slot.follow(job):
             if update.kind == "queued":
@@ -299,9 +300,12 @@ def build(ctx: StudioContext) -> None:
                 yield {progress: _progress_html(f"#{job.ticket} " + job.clock.line(now), job.clock.fraction(now),
                                                 busy=True)}
             elif update.kind == "done":
-                took = time.monotonic() - started
-                yield {**ctx.results.values_for(update.run),
-                       progress: _progress_html(f"done in {took:.1f} s: {update.run.path.name}", 1.0, state="done")}
+                line = f"done in {time.monotonic() - started:.1f} s: {update.run.path.name}"
+                if source == "studio" and ctx.results.opened_since(request, job.submitted):
+                    yield {progress: _progress_html(f"{line} (Results keeps the run you opened; 'open' in the "
+                                                    "job list shows this one)", 1.0, state="done-kept")}
+                else:
+                    yield {**ctx.results.values_for(update.run), progress: _progress_html(line, 1.0, state="done")}
             elif update.kind == "refused":
                 yield {errors[F.box_for(update.error.field)]: _error_line(f"✗ {update.error}"),
                        progress: _progress_html("refused by the engine")}

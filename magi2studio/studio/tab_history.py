@@ -61,11 +61,12 @@ def build(ctx: StudioContext) -> None:
                            print_exception=False) from None
         return gr.Column(visible=True), H.details(entry), str(path), gr.Row(visible=False)
 
-    def open_in_results(path: str | None):
+    def open_in_results(path: str | None, request: gr.Request):
         try:
             run = load_run(Path(path or ""))
         except InputError as err:
             raise gr.Error(f"{err} (press Refresh)", print_exception=False) from None
+        ctx.results.opened(request)
         return ctx.results.values_for(run)
 
     def delete(path: str | None, text: str | None):

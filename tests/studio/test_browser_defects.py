@@ -119,3 +119,25 @@ def test_on_a_phone_every_tab_is_in_sight_and_generate_is_well_above_the_bottom_
         assert tab.is_visible() and 0 <= box["x"] <= box["x"] + box["width"] <= 390, f"{tab.inner_text()} is off"
     generate = page.locator("#generate").bounding_box()
     assert generate["y"] + generate["height"] <= 844 - 80, f"Generate sits at the bottom edge: {generate}"
+
+
+def test_a_run_opened_from_the_job_list_stays_in_results_when_a_job_of_the_page_finishes_after(studio, page):
+    """The audit's "open showed another job's result": the page's Generate stream of a job that finished just
+    after the click replaced the opened run in Results. A run the person opened stays until they open another."""
+    page.goto(studio.url)
+    page.locator("#job-panel").wait_for()
+    fill(page, "A wooden door creaks open; a cat walks in.", 9621, 3)
+    page.locator("#generate").click()
+    headline = page.locator("#run-headline")
+    headline.get_by_text("9621", exact=True).wait_for(timeout=180_000)
+    page.get_by_role("tab", name="Generate").click()
+    fill(page, "A wooden door creaks open; a cat walks in.", 9622, 12)
+    page.locator("#generate").click()
+    row(page, 9622).locator("td", has_text=re.compile(r"^running$")).wait_for(timeout=60_000)
+    row(page, 9621).get_by_role("button", name=re.compile(r"^open job #\d+: ")).click()
+    headline.get_by_text("9621", exact=True).wait_for(timeout=30_000)
+    # The stream's last update (the progress line's "done") comes with whatever it puts in Results.
+    page.locator("#progress").get_by_text(re.compile(r"^done in .*-s9622-")).wait_for(state="attached",
+                                                                                      timeout=300_000)
+    assert "9621" in headline.inner_text() and "9622" not in headline.inner_text(), headline.inner_text()
+    assert page.get_by_role("tab", name="Results").get_attribute("aria-selected") == "true"
