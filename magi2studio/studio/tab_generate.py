@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import gradio as gr
 
 from ..errors import InputError
+from ..jobs.stage_clock import StageRow
 from ..vocabulary.layouts import PRESETS
 from ..vocabulary.request import RANDOM_SEED, draw_seed
 from ..vocabulary.tiers import TIERS
@@ -49,12 +51,34 @@ class GenerateForm:
         return F.values_from_manifest(manifest)
 
 
-def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False, state: str = "") -> str:
+def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False, state: str = "",
+                   stages: Sequence[StageRow] = ()) -> str:
     """The line under Generate; ``busy`` without a fraction draws a moving bar (a stage of unknown length);
-    ``state`` (done, cancelled) is the line's ``data-state``, which the Results switch reads."""
+    ``state`` (done, cancelled) is the line's ``data-state``, which the Results switch reads; ``stages`` the
+    running job's stages, listed under the line."""
     bar = (f'<progress value="{fraction:.3f}" max="1"></progress>' if fraction is not None
            else '<progress max="1"></progress>' if busy else "")
-    return f'<div class="m2s-progress" data-state="{state}">{bar}<span>{html.escape(line)}</span></div>'
+    return (f'<div class="m2s-progress" data-state="{state}">{bar}<span>{html.escape(line)}</span>'
+            f'{_stage_list(stages)}</div>')
+
+
+STAGE_MARKS = {"done": "✓", "running": "▶", "next": "○"}
+
+
+def _stage_seconds(seconds: float) -> str:
+    if seconds < 0.05:
+        return "<0.1 s"
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _stage_list(stages: Sequence[StageRow]) -> str:
+    """Each stage with its state and time: done (took), running (so far), next (the learned time)."""
+    items = []
+    for row in stages:
+        when = ("~" if row.state == "next" else "") + _stage_seconds(row.seconds)
+        items.append(f'<li data-stage="{html.escape(row.stage)}" data-state="{row.state}">'
+                     f'{STAGE_MARKS[row.state]} {html.escape(row.name)} · {when}</li>')
+    return f'<ol class="m2s-stages" aria-label="stages">{"".join(items)}</ol>' if items else ""
 
 
 def _fixed(line: str):
@@ -298,14 +322,16 @@ def build(ctx: StudioContext) -> None:
             elif update.kind in ("progress", "tick") and job.clock is not None:
                 now = time.monotonic()
                 yield {progress: _progress_html(f"#{job.ticket} " + job.clock.line(now), job.clock.fraction(now),
-                                                busy=True)}
+                                                busy=True, stages=job.clock.stages(now))}
             elif update.kind == "done":
                 line = f"done in {time.monotonic() - started:.1f} s: {update.run.path.name}"
+                stages = job.clock.stages(over=True) if job.clock is not None else ()
                 if source == "studio" and ctx.results.opened_since(request, job.submitted):
                     yield {progress: _progress_html(f"{line} (Results keeps the run you opened; 'open' in the "
-                                                    "job list shows this one)", 1.0, state="done-kept")}
+                                                    "job list shows this one)", 1.0, state="done-kept", stages=stages)}
                 else:
-                    yield {**ctx.results.values_for(update.run), progress: _progress_html(line, 1.0, state="done")}
+                    yield {**ctx.results.values_for(update.run),
+                           progress: _progress_html(line, 1.0, state="done", stages=stages)}
             elif update.kind == "refused":
                 yield {errors[F.box_for(update.error.field)]: _error_line(f"✗ {update.error}"),
                        progress: _progress_html("refused by the engine")}
@@ -365,7 +391,8 @@ def build(ctx: StudioContext) -> None:
             if running is not None and record.id == running[0]:
                 now, clock = time.monotonic(), running[1]
                 line = (_progress_html(CANCELLING, busy=True, state="cancelling") if record.cancel_requested
-                        else _progress_html(f"#{record.ticket} " + clock.line(now), clock.fraction(now), busy=True))
+                        else _progress_html(f"#{record.ticket} " + clock.line(now), clock.fraction(now), busy=True,
+                                            stages=clock.stages(now)))
                 break
         else:
             if mine:

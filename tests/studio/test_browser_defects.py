@@ -11,7 +11,7 @@ import pytest
 
 from magi2studio.studio.app import TABS
 
-from studio_support import CHROMIUM, NO_CHROMIUM
+from studio_support import CHROMIUM, IMAGES, NO_CHROMIUM
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -141,3 +141,27 @@ def test_a_run_opened_from_the_job_list_stays_in_results_when_a_job_of_the_page_
                                                                                       timeout=300_000)
     assert "9621" in headline.inner_text() and "9622" not in headline.inner_text(), headline.inner_text()
     assert page.get_by_role("tab", name="Results").get_attribute("aria-selected") == "true"
+
+
+def test_the_progress_lists_each_stage_with_its_state_and_time(studio, page):
+    """The audit: one line and a bar, whose stage text went stale. Now each stage is listed with its state (done,
+    running, next) and time, under the line; the screenshot goes to docs/images/studio-stage-list.png."""
+    page.goto(studio.url)
+    page.locator("#job-panel").wait_for()
+    fill(page, "A metronome ticks on a piano lid; one low note.", 9631, 12)
+    page.locator("#generate").click()
+    stages = page.locator("#progress ol.m2s-stages")
+    page.locator("#progress span").get_by_text(re.compile(r"preview: step \d+/12")).wait_for(timeout=180_000)
+    stages.locator('li[data-stage="preview"][data-state="running"]').wait_for(timeout=30_000)
+    assert re.fullmatch(r"✓ encode · [\d.]+ (s|min)", stages.locator('li[data-stage="encode"]').inner_text().strip())
+    page.locator("#progress").scroll_into_view_if_needed()
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(IMAGES / "studio-stage-list.png"))
+    page.locator("#progress").get_by_text(re.compile(r"^done in .*-s9631-")).wait_for(state="attached",
+                                                                                      timeout=300_000)
+    listed = stages.locator("li").evaluate_all("items => items.map(i => [i.dataset.stage, i.dataset.state,"
+                                               " i.innerText.trim()])")
+    names = [stage for stage, _, _ in listed]
+    assert [name for name in names if name in ("encode", "preview", "decode_video", "decode_audio", "mux")] == [
+        "encode", "preview", "decode_video", "decode_audio", "mux"], listed
+    assert all(state == "done" and re.fullmatch(r"✓ .+ · [\d.]+ (s|min)", text) for _, state, text in listed), listed
