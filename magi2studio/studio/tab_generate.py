@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from typing import Any
 import gradio as gr
 
 from ..errors import InputError
-from ..jobs.stage_clock import StageRow
 from ..vocabulary.layouts import PRESETS
 from ..vocabulary.request import RANDOM_SEED, draw_seed
 from ..vocabulary.tiers import TIERS
@@ -30,6 +28,7 @@ from . import batch_panel, job_panel, live_preview, session_state
 from . import layout_picker as LP
 from .context import StudioContext
 from .endpoint import one_parameter_per_field, uploads_only
+from .progress_line import progress_html
 
 log = logging.getLogger(__name__)
 
@@ -51,39 +50,9 @@ class GenerateForm:
         return F.values_from_manifest(manifest)
 
 
-def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False, state: str = "",
-                   stages: Sequence[StageRow] = ()) -> str:
-    """The line under Generate; ``busy`` without a fraction draws a moving bar (a stage of unknown length);
-    ``state`` (done, cancelled) is the line's ``data-state``, which the Results switch reads; ``stages`` the
-    running job's stages, listed under the line."""
-    bar = (f'<progress value="{fraction:.3f}" max="1"></progress>' if fraction is not None
-           else '<progress max="1"></progress>' if busy else "")
-    return (f'<div class="m2s-progress" data-state="{state}">{bar}<span>{html.escape(line)}</span>'
-            f'{_stage_list(stages)}</div>')
-
-
-STAGE_MARKS = {"done": "✓", "running": "▶", "next": "○"}
-
-
-def _stage_seconds(seconds: float) -> str:
-    if seconds < 0.05:
-        return "<0.1 s"
-    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-
-def _stage_list(stages: Sequence[StageRow]) -> str:
-    """Each stage with its state and time: done (took), running (so far), next (the learned time)."""
-    items = []
-    for row in stages:
-        when = ("~" if row.state == "next" else "") + _stage_seconds(row.seconds)
-        items.append(f'<li data-stage="{html.escape(row.stage)}" data-state="{row.state}">'
-                     f'{STAGE_MARKS[row.state]} {html.escape(row.name)} · {when}</li>')
-    return f'<ol class="m2s-stages" aria-label="stages">{"".join(items)}</ol>' if items else ""
-
-
 def _fixed(line: str):
     """A field changed: its box's refusal goes, and the progress line's "refused" with it."""
-    return _error_line(""), _error_line(""), _progress_html("idle") if REFUSED in (line or "") else gr.HTML()
+    return _error_line(""), _error_line(""), progress_html("idle") if REFUSED in (line or "") else gr.HTML()
 
 
 def _results_if_done(line: str) -> gr.Tabs:
@@ -133,7 +102,7 @@ def build(ctx: StudioContext) -> None:
                     generate = gr.Button("Generate", variant="primary", elem_id="generate")
                     cancel = gr.Button("Cancel", variant="stop", elem_id="cancel", interactive=False)
                 errors["general"] = _error_line("", "general")
-                progress = gr.HTML(_progress_html("idle"), elem_id="progress")
+                progress = gr.HTML(progress_html("idle"), elem_id="progress")
                 live_preview.build(ctx.slot)
                 with gr.Accordion(F.label("negative_prompt"), open=False, elem_id="negative-accordion"):
                     negative = gr.Textbox(label=F.label("negative_prompt"), lines=2, elem_id="negative-prompt",
@@ -290,10 +259,10 @@ def build(ctx: StudioContext) -> None:
             job = ctx.slot.submit(plan, panel.owner(request), source=source)
         except InputError as err:
             marked = {errors[F.box_for(err.field)]: _error_line(f"✗ {err}")} if page else {}
-            yield {**cleared, **marked, progress: _progress_html(REFUSED)}
+            yield {**cleared, **marked, progress: progress_html(REFUSED)}
             # For API clients; the page shows the refusal once, next to its field (no toast).
             raise gr.Error(str(err), visible=False, print_exception=False) from None
-        yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
+        yield {**cleared, progress: progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
                                                    f"/cancel_job with this id stops it)")}
         with ctx.slot.following():
             streamed.add(job.id)  # the tick leaves this job's progress line to this stream
@@ -315,41 +284,41 @@ def build(ctx: StudioContext) -> None:
         started = time.monotonic()
         for update in ctx.slot.follow(job):
             if update.kind == "queued":
-                yield {progress: _progress_html(
+                yield {progress: progress_html(
                     f"waiting: position {update.position} in the queue ({ctx.slot.waiting()} waiting)")}
             elif update.kind in ("progress", "tick") and job.cancel.is_set():
-                yield {progress: _progress_html(CANCELLING, busy=True, state="cancelling")}
+                yield {progress: progress_html(CANCELLING, busy=True, state="cancelling")}
             elif update.kind in ("progress", "tick") and job.clock is not None:
                 now = time.monotonic()
-                yield {progress: _progress_html(f"#{job.ticket} " + job.clock.line(now), job.clock.fraction(now),
+                yield {progress: progress_html(f"#{job.ticket} " + job.clock.line(now), job.clock.fraction(now),
                                                 busy=True, stages=job.clock.stages(now))}
             elif update.kind == "done":
                 line = f"done in {time.monotonic() - started:.1f} s: {update.run.path.name}"
                 stages = job.clock.stages(over=True) if job.clock is not None else ()
                 if source == "studio" and ctx.results.opened_since(request, job.submitted):
-                    yield {progress: _progress_html(f"{line} (Results keeps the run you opened; 'open' in the "
+                    yield {progress: progress_html(f"{line} (Results keeps the run you opened; 'open' in the "
                                                     "job list shows this one)", 1.0, state="done-kept", stages=stages)}
                 else:
                     yield {**ctx.results.values_for(update.run),
-                           progress: _progress_html(line, 1.0, state="done", stages=stages)}
+                           progress: progress_html(line, 1.0, state="done", stages=stages)}
             elif update.kind == "refused":
                 yield {errors[F.box_for(update.error.field)]: _error_line(f"✗ {update.error}"),
-                       progress: _progress_html("refused by the engine")}
+                       progress: progress_html("refused by the engine")}
                 raise gr.Error(update.message, visible=False, print_exception=False)
             elif update.kind == "cancelled":
-                yield {progress: _progress_html(update.message, state="cancelled")}
+                yield {progress: progress_html(update.message, state="cancelled")}
                 if source == "api":
                     raise gr.Error(update.message, title="Cancelled", print_exception=False)
                 return
             else:
                 yield {errors["general"]: _error_line(f"✗ {update.message}"),
-                       progress: _progress_html("failed")}
+                       progress: progress_html("failed")}
                 raise gr.Error(update.message, print_exception=False)
 
     def cancel_mine(request: gr.Request) -> str:
         if ctx.slot.cancel(panel.owner(request)):
-            return _progress_html(CANCELLING, busy=True, state="cancelling")
-        return _progress_html("nothing of yours is running or waiting")
+            return progress_html(CANCELLING, busy=True, state="cancelling")
+        return progress_html("nothing of yours is running or waiting")
 
     def cancel_job(job_id: str, request: gr.Request) -> str:
         """Cancel one of the caller's jobs by id (shown when it is queued): a client that submits from several
@@ -390,13 +359,13 @@ def build(ctx: StudioContext) -> None:
         for record in mine:
             if running is not None and record.id == running[0]:
                 now, clock = time.monotonic(), running[1]
-                line = (_progress_html(CANCELLING, busy=True, state="cancelling") if record.cancel_requested
-                        else _progress_html(f"#{record.ticket} " + clock.line(now), clock.fraction(now), busy=True,
+                line = (progress_html(CANCELLING, busy=True, state="cancelling") if record.cancel_requested
+                        else progress_html(f"#{record.ticket} " + clock.line(now), clock.fraction(now), busy=True,
                                             stages=clock.stages(now)))
                 break
         else:
             if mine:
-                line = _progress_html(f"waiting: position {state.position(mine[0].id)} in the queue "
+                line = progress_html(f"waiting: position {state.position(mine[0].id)} in the queue "
                                       f"({ctx.slot.waiting()} waiting)")
         return _status_text(ctx), gr.Button(interactive=bool(mine)), line
 
