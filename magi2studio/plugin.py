@@ -12,6 +12,9 @@ Env switches (read in the worker, so set them before the engine starts):
   finished step). Unset: hooks stay installed but nothing is timed.
 - ``MAGI2STUDIO_CANCEL_FILE``: when this file exists at a step end, the step raises
   :class:`~magi2studio.errors.Cancelled` (a step-boundary stop; host-side ``os.path.exists``).
+- ``MAGI2STUDIO_PREVIEW_MAP`` / ``MAGI2STUDIO_PREVIEW_EVERY``: rank 0 writes the live preview
+  (:mod:`.engines.live_preview`) every N steps (default 10) into ``<metrics>/preview/``; the map is a
+  file ``scripts/fit_preview_map.py`` wrote for this decoder. Unset: no preview.
 - ``MAGI2STUDIO_STAGE``: the stage name in the records (default ``preview``).
 - ``MAGI2_KERNELS``: ``off`` (default), ``on``, or per kernel; handed to
   ``magi2_kernels.overrides``. What was installed is written to ``kernels.json``.
@@ -38,11 +41,15 @@ from .errors import Cancelled
 from .engines.metrics_folder import (
     ENV_CANCEL_FILE,
     ENV_METRICS_DIR,
+    ENV_PREVIEW_EVERY,
+    ENV_PREVIEW_MAP,
     PROGRESS_FILE,
     kernels_file,
+    preview_folder,
     steps_file,
     test_checkpoint_file,
 )
+from .engines.live_preview import LinearPreviewMap, LivePreview
 from .engines.test_checkpoint import apply_from_env as apply_test_checkpoint_depth
 from .engines.timing import (
     StepRecord,
@@ -77,9 +84,11 @@ class WorkerStepTimer(StepTimer):
         super().__init__(stage=stage, on_step=self._step_finished, on_sample=self._sample_finished)
         self.metrics_dir = metrics_dir
         self.cancel_file = cancel_file
+        self.rank0_preview: LivePreview | None = None
 
     def begin_sample(self, latent: Any, total_steps: int) -> None:
         self.rank = current_rank()
+        self.preview = self.rank0_preview if self.rank == 0 else None
         super().begin_sample(latent, total_steps)
 
     def _step_finished(self, stage: str, index: int, total: int) -> None:
@@ -91,6 +100,18 @@ class WorkerStepTimer(StepTimer):
 
     def _sample_finished(self, records: list[StepRecord]) -> None:
         write_jsonl(records, steps_file(self.metrics_dir, self.rank))
+
+
+def live_preview_from_env(metrics_dir: Path, environ: Mapping[str, str] = os.environ) -> LivePreview | None:
+    """Rank 0's live preview into ``<metrics>/preview/`` when ``MAGI2STUDIO_PREVIEW_MAP`` names a fitted map.
+
+    No map is committed for the real Wan2.2 latent (none can be fitted without its VAE here): unset, off.
+    """
+
+    map_file, every = environ.get(ENV_PREVIEW_MAP), int(environ.get(ENV_PREVIEW_EVERY, "10") or 0)
+    if not map_file or every <= 0:
+        return None
+    return LivePreview(preview_folder(metrics_dir), every, LinearPreviewMap.read(map_file))
 
 
 def install_kernel_overrides(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
@@ -146,6 +167,7 @@ def register() -> dict[str, Any]:
         folder.mkdir(parents=True, exist_ok=True)
         timer = WorkerStepTimer(folder, os.environ.get(ENV_STAGE, "preview"), os.environ.get(ENV_CANCEL_FILE))
         set_process_timer(timer)
+        timer.rank0_preview = live_preview_from_env(folder)
         kernels_file(folder).write_text(json.dumps(kernels, sort_keys=True, default=str), encoding="utf-8")
         if test_depth is not None:
             test_checkpoint_file(folder).write_text(json.dumps(test_depth, sort_keys=True), encoding="utf-8")

@@ -24,6 +24,8 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", default=None, help="whole number (default 42); -1 draws one, which the run records")
     parser.add_argument("--steps", default=None, help="denoising steps (default: the engine's)")
     parser.add_argument("--refiner-steps", default=None, help="1080p refiner steps (default 5)")
+    parser.add_argument("--preview-every", default=None,
+                        help="steps between live previews (default: about 10 a run; 0: off)")
     parser.add_argument("--output-width", default=None, help="delivered width (default: the tier's generated size)")
     parser.add_argument("--output-height", default=None,
                         help="delivered height: 1080p generates 1088; 1080 resizes it (default: generated)")
@@ -50,7 +52,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
     for key, value in (("negative_prompt", args.negative_prompt), ("tier", args.tier), ("compile", args.compile)):
         if value is not None:
             fields[key] = value
-    for key in ("seed", "steps", "refiner_steps", "output_width", "output_height"):
+    for key in ("seed", "steps", "refiner_steps", "preview_every", "output_width", "output_height"):
         value = whole_number(getattr(args, key), key)
         if value is not None:
             fields[key] = value

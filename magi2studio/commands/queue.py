@@ -1,4 +1,10 @@
-"""``magi2studio queue``: the studio's job queue from the command line (list, add, cancel, remove, run).
+"""``magi2studio queue``: the studio's job queue from the command line (list, add, cancel, remove, run,
+pause, resume, move, watch).
+
+``add`` queues one run, or a batch: ``--count N`` runs under ``--seed-policy fixed|increment|random``,
+``--prompts FILE`` (one prompt per line), and a grid: ``--grid-seeds 1,2 --grid-steps 4,8
+--grid-layouts sp1-cfg1,sp2-cfg1 --grid-deterministic on,off`` (every combination). A batch is
+checked and planned whole before any of it is queued, and queued whole or not at all.
 
 The same queue file as the studio (``<out>/queue.json``): ``add`` while a studio serves that
 outputs root and the studio runs the job; ``run`` works through the queue without a studio
@@ -13,6 +19,8 @@ import time
 from pathlib import Path
 
 from ..errors import InputError
+from ..jobs.batches import SEED_POLICIES
+from .queue_watch import watch_queue
 from .generate import (DEFAULT_OUT, add_request_arguments, add_server_arguments, engine_options, request_from_args,
                        seed_asked_random)
 
@@ -29,8 +37,19 @@ def register(sub) -> None:
     listing.add_argument("--json", action="store_true", help="print the jobs as JSON")
     listing.set_defaults(func=list_jobs)
 
-    add = with_out(actions.add_parser("add", help="queue one request (the flags of generate)"))
+    add = with_out(actions.add_parser("add", help="queue one request (the flags of generate), or a batch of them"))
     add_request_arguments(add)
+    batch = add.add_argument_group("batch", "several runs from one add, queued as one batch (all or none)")
+    batch.add_argument("--count", default=None, help="runs of each combination (default 1)")
+    batch.add_argument("--seed-policy", default="fixed", choices=SEED_POLICIES,
+                       help="fixed: every run the seed; increment: seed, seed+1, ...; random: a seed drawn per run "
+                            "(recorded as seed -1 is)")
+    batch.add_argument("--prompts", default=None, metavar="FILE", help="a text file: one prompt per line, a run each")
+    batch.add_argument("--grid-seeds", default=None, metavar="S1,S2", help="grid: these seeds")
+    batch.add_argument("--grid-steps", default=None, metavar="N1,N2", help="grid: these step counts")
+    batch.add_argument("--grid-layouts", default=None, metavar="L1,L2", help="grid: these layouts (spN-cfgM[-epK] "
+                       "or presets)")
+    batch.add_argument("--grid-deterministic", default=None, metavar="on,off", help="grid: deterministic on and/or off")
     add.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
     add.add_argument("--engine", default="embedded", help="the engine that checks the request now "
                      "(the runner checks it again with its own)")
@@ -43,6 +62,21 @@ def register(sub) -> None:
         action = with_out(actions.add_parser(name, help=helptext))
         action.add_argument("job", help="a job id, or its first characters as queue list shows them")
         action.set_defaults(func=func)
+
+    for name, helptext, func in (
+            ("pause", "stop the runner from starting waiting jobs (the running one finishes); kept across restarts",
+             pause_queue),
+            ("resume", "let the runner start waiting jobs again", resume_queue)):
+        with_out(actions.add_parser(name, help=helptext)).set_defaults(func=func)
+    move = with_out(actions.add_parser("move", help="move a waiting job up or down the queue"))
+    move.add_argument("job", help="a job id, or its first characters as queue list shows them")
+    move.add_argument("direction", choices=("up", "down"), help="up runs it sooner")
+    move.add_argument("--by", type=int, default=1, help="places to move (default 1)")
+    move.set_defaults(func=move_job)
+    watch = with_out(actions.add_parser("watch", help="print the queue's progress live until it is idle "
+                                                      "(Ctrl+C stops)"))
+    watch.add_argument("--interval", type=float, default=0.5, help="seconds between looks (default 0.5)")
+    watch.set_defaults(func=watch_queue)
 
     run = with_out(actions.add_parser("run", help="run the waiting jobs here, without a studio, until none wait"))
     run.add_argument("--engine", default="embedded", help="embedded, vllm-omni or vllm-omni-server")
@@ -76,26 +110,50 @@ def list_jobs(args: argparse.Namespace) -> int:
         where = f"position {position}" if position else (job.run or job.message or "")
         if job.state == "running" and orphaned:
             where = "its runner is gone: it is marked interrupted when a studio or queue run next serves this folder"
-        print(f"#{job.ticket:<4} {job.id[:8]}  {job.state:<11} {job.summary()}  {where}")
-    print(f"{len(state.waiting())} waiting of at most {state.max_waiting}")
+        batch = f"  batch {job.batch} {job.label}" if job.batch else ""
+        print(f"#{job.ticket:<4} {job.id[:8]}  {job.state:<11} {job.summary()}  {where}{batch}")
+    paused = " · paused (magi2studio queue resume)" if state.paused else ""
+    print(f"{len(state.waiting())} waiting of at most {state.max_waiting}{paused}")
     return 0
 
 
 def add_job(args: argparse.Namespace) -> int:
+    """Queue one run, or a batch: every run checked and planned here first, then queued together or not at all."""
     from ..engines import get_engine
-    from ..vocabulary.layouts import parse_layout
+    from ..jobs.batches import expand, parse_spec, read_prompts
     from ..run_folder.runs import check_outputs_root
+    from ..vocabulary.layouts import parse_layout
+    from ..vocabulary.request import RANDOM_SEED, build_request
 
+    spec = parse_spec(count=args.count, seed_policy=args.seed_policy,
+                      prompts=read_prompts(args.prompts) if args.prompts else None, seeds=args.grid_seeds,
+                      steps=args.grid_steps, layouts=args.grid_layouts, deterministic=args.grid_deterministic)
+    if spec.prompts and args.prompt is None and not args.prompt_file and not args.request:
+        args.prompt = spec.prompts[0]  # the base request's other flags still apply to every line
     request = request_from_args(args)
     if request.image:  # the runner may start elsewhere: keep the path it can open
         request = request.model_copy(update={"image": str(Path(request.image).resolve())})
-    plan = get_engine(args.engine, **engine_options(args)).plan(request, parse_layout(args.layout))
-    check_outputs_root(Path(args.out))
-    job = _queue(args).add(plan.request.model_dump(mode="json"), plan.layout.name, owner="cli", source="cli")
-    state = _queue(args).read()
+    base = request.model_dump(mode="json")
     if seed_asked_random(args):
-        print(f"seed: -1 drew {plan.request.seed}")
-    print(f"queued #{job.ticket} {job.id} at position {state.position(job.id)} in {Path(args.out) / 'queue.json'}")
+        base["seed"] = RANDOM_SEED  # expand draws it: once for fixed and increment, per run for random
+    layout = parse_layout(args.layout).name
+    engine = get_engine(args.engine, **engine_options(args))
+    runs = []
+    for item in expand(base, layout, spec):
+        plan = engine.plan(build_request(**item.fields), parse_layout(item.layout))
+        runs.append((plan.request.model_dump(mode="json"), plan.layout.name, item.label, item.seed_drawn))
+    check_outputs_root(Path(args.out))
+    jobs = _queue(args).add_batch(runs, owner="cli", source="cli")
+    state = _queue(args).read()
+    where = Path(args.out) / "queue.json"
+    if len(jobs) == 1:
+        if jobs[0].seed_drawn:
+            print(f"seed: -1 drew {jobs[0].request['seed']}")
+        print(f"queued #{jobs[0].ticket} {jobs[0].id} at position {state.position(jobs[0].id)} in {where}")
+        return 0
+    print(f"queued batch {jobs[0].batch}: {len(jobs)} runs, #{jobs[0].ticket} to #{jobs[-1].ticket}, in {where}")
+    for job in jobs:
+        print(f"  #{job.ticket:<4} {job.id[:8]}  {job.label}")
     return 0
 
 
@@ -109,6 +167,28 @@ def cancel_job(args: argparse.Namespace) -> int:
 def remove_job(args: argparse.Namespace) -> int:
     job = _queue(args).remove(args.job)
     print(f"#{job.ticket} {job.id[:8]} removed (state {job.state}{', run folder ' + job.run if job.run else ''})")
+    return 0
+
+
+def pause_queue(args: argparse.Namespace) -> int:
+    state = _queue(args).set_paused(True)
+    running = state.running()
+    print(f"paused: no waiting job starts ({len(state.waiting())} wait)"
+          + (f"; #{running.ticket} runs on to its end" if running else ""))
+    return 0
+
+
+def resume_queue(args: argparse.Namespace) -> int:
+    state = _queue(args).set_paused(False)
+    print(f"resumed: {len(state.waiting())} waiting")
+    return 0
+
+
+def move_job(args: argparse.Namespace) -> int:
+    if args.by < 1:
+        raise InputError("by", f"{args.by} is below 1", "move by 1 or more places")
+    position = _queue(args).move(args.job, -args.by if args.direction == "up" else args.by)
+    print(f"{args.job[:8]}: now at position {position}")
     return 0
 
 
@@ -131,7 +211,7 @@ def run_jobs(args: argparse.Namespace) -> int:
     try:
         for job in queue.open_for_runner(args.queue_size):
             print(f"#{job.ticket} {job.id[:8]}: interrupted (it was running when the last runner stopped)")
-        while (record := queue.claim_next()) is not None:
+        while (record := _next_job(queue)) is not None:
             print(f"#{record.ticket} {record.id[:8]}: {record.summary()}", flush=True)
             try:
                 plan = plan_record(engine, record)
@@ -158,6 +238,23 @@ def run_jobs(args: argparse.Namespace) -> int:
         runner.release()
     print(f"queue empty ({failed} of the jobs run here did not finish as done)" if failed else "queue empty")
     return 1 if failed else 0
+
+
+def _next_job(queue):
+    """The next waiting job, claimed; while the queue is paused and jobs wait, wait for a resume (reading only)."""
+    said = False
+    while True:
+        state = queue.read()
+        if not state.paused:
+            record = queue.claim_next()
+            if record is not None or not queue.read().paused:  # paused between the read and the claim: wait
+                return record
+        elif not state.waiting():
+            return None
+        if not said:
+            print(f"paused: {len(state.waiting())} waiting; magi2studio queue resume starts them", flush=True)
+            said = True
+        time.sleep(0.5)
 
 
 def _watch_cancel(queue, job_id: str):

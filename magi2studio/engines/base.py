@@ -54,6 +54,7 @@ class Progress:
     total: int | None = None
     elapsed_s: float = 0.0
     message: str = ""
+    preview: str | None = None  # the newest live preview picture (a GIF file), when one was written
 
 
 @dataclass
@@ -70,6 +71,10 @@ class Capabilities:
     default_compile: str
     compile_modes: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
+    # The studio form's first steps and layout where the engine's defaults (the real model's) suit a GPU run,
+    # not a first look on a CPU; None: the form starts from the engine's defaults.
+    demo_steps: int | None = None
+    demo_layout: str | None = None
 
 
 @dataclass

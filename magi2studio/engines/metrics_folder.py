@@ -17,6 +17,8 @@ from typing import Any
 ENV_METRICS_DIR = "MAGI2STUDIO_METRICS_DIR"
 ENV_CANCEL_FILE = "MAGI2STUDIO_CANCEL_FILE"
 PROGRESS_FILE = "progress.jsonl"
+ENV_PREVIEW_MAP = "MAGI2STUDIO_PREVIEW_MAP"
+ENV_PREVIEW_EVERY = "MAGI2STUDIO_PREVIEW_EVERY"
 
 
 def steps_file(metrics_dir: str | Path, rank: int) -> Path:
@@ -33,6 +35,12 @@ def test_checkpoint_file(metrics_dir: str | Path) -> Path:
     """The test checkpoint's depth as the plugin applied it (absent for real weights)."""
 
     return Path(metrics_dir) / "test-checkpoint.json"
+
+
+def preview_folder(metrics_dir: str | Path) -> Path:
+    """Rank 0's live preview pictures and ``preview.json`` (engines.live_preview.read_latest reads it)."""
+
+    return Path(metrics_dir) / "preview"
 
 
 def step_offsets(metrics_dir: Path) -> dict[Path, int]:

@@ -62,6 +62,7 @@ class StepTimer:
         self._open: Any = None
         self._total = 0
         self._device = False
+        self.preview = None  # a live_preview.LivePreview: the x0 estimate every few steps
 
     # The clock: device events where the latent lives on a device, else the host clock.
     def _mark(self) -> Any:
@@ -87,17 +88,21 @@ class StepTimer:
     def step_start(self) -> None:
         self._open = self._mark()
 
-    def step_end(self) -> None:
+    def step_end(self, video_scheduler: Any = None) -> None:
         if self._open is None:
             return
         self._marks.append((self._open, self._mark()))
         self._open = None
+        if self.preview is not None and video_scheduler is not None:
+            self.preview.after_step(self.stage, len(self._marks) - 1, self._total, video_scheduler)
         if self.on_step is not None:
             self.on_step(self.stage, len(self._marks) - 1, self._total)
 
     def end_sample(self) -> list[StepRecord]:
         if self._device and self._marks:
             self._marks[-1][1].synchronize()  # the one sync, after the loop
+        if self.preview is not None:
+            self.preview.flush()
         records = [
             StepRecord(self.rank, self.stage, index, self._elapsed_ms(start, end))
             for index, (start, end) in enumerate(self._marks)
@@ -194,7 +199,7 @@ def install_step_hooks(sampler_cls: type | None = None) -> type:
     def step(self, *args, **kwargs):
         result = original_step(self, *args, **kwargs)
         if _active is not None:
-            _active.step_end()
+            _active.step_end(kwargs.get("video_scheduler", args[5] if len(args) > 5 else None))
         if _boundary_check is not None:
             _boundary_check()
         return result
@@ -203,7 +208,7 @@ def install_step_hooks(sampler_cls: type | None = None) -> type:
     def step_guided(*args, **kwargs):
         result = original_guided(*args, **kwargs)
         if _active is not None:
-            _active.step_end()
+            _active.step_end(kwargs.get("video_scheduler", args[3] if len(args) > 3 else None))
         if _boundary_check is not None:
             _boundary_check()
         return result

@@ -4,9 +4,14 @@
 the record of what waits and runs; the run folders stay the record of results. Every change
 is a read-modify-write under ``.queue.lock`` (``flock``), written whole (temp + rename), so
 the studio, ``queue add`` and ``queue cancel`` in other processes never lose each other's
-changes. One process at a time runs jobs (the studio, or ``queue run``): it holds
+changes. ``paused`` in the same file stops the runner from starting a waiting job (the running
+one finishes), so a pause survives a restart; the waiting jobs' order in the file is the order
+they run in (``move``). One process at a time runs jobs (the studio, or ``queue run``): it holds
 ``.queue-runner.lock`` for its lifetime; a job it finds ``running`` when it starts was
 running when the previous runner died, and is marked ``interrupted``.
+
+Over 300 lines on purpose: every change to the file (add, a batch, cancel, pause, move, edit,
+the runner's claims) is a method of :class:`JobQueue` under its one lock (``_changing``).
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ class JobRecord:
     run: str | None = None  # the run folder's name once done
     message: str = ""
     cancel_requested: bool = False
+    batch: str | None = None  # the batch id its runs share (jobs.batches), None for a single run
+    label: str = ""  # within a batch: what sets this run apart ("seed 43", "steps 8 · sp2-cfg1")
+    seed_drawn: bool = False  # seed -1 was asked: the run records seed_asked -1 (plan_record)
 
     @property
     def pending(self) -> bool:
@@ -90,11 +98,13 @@ def _record_from(data: Any, where: Path) -> JobRecord:
 
 @dataclass
 class QueueState:
-    """The whole file: the bound the runner set, the next ticket, the jobs in ticket order."""
+    """The whole file: the bound the runner set, the next ticket, whether the runner is paused, the jobs
+    (waiting ones in the order they run)."""
 
     max_waiting: int = DEFAULT_MAX_WAITING
     next_ticket: int = 1
     jobs: list[JobRecord] = field(default_factory=list)
+    paused: bool = False
 
     def waiting(self) -> list[JobRecord]:
         return [job for job in self.jobs if job.state == "waiting"]
@@ -122,7 +132,7 @@ class QueueState:
 
     def to_json(self) -> str:
         return json.dumps({"version": QUEUE_VERSION, "max_waiting": self.max_waiting, "next_ticket": self.next_ticket,
-                           "jobs": [asdict(job) for job in self.jobs]}, indent=1)
+                           "paused": self.paused, "jobs": [asdict(job) for job in self.jobs]}, indent=1)
 
 
 class JobQueue:
@@ -152,10 +162,12 @@ class JobQueue:
             raise InputError("queue", f"{self.path} is not a queue file of version {QUEUE_VERSION}",
                              f"move {self.path.name} away (the run folders are kept) and add the jobs again")
         max_waiting, next_ticket = data.get("max_waiting"), data.get("next_ticket")
-        if not isinstance(max_waiting, int) or max_waiting < 1 or not isinstance(next_ticket, int):
-            raise InputError("queue", f"{self.path} has no valid max_waiting / next_ticket",
+        paused = data.get("paused", False)
+        if not isinstance(max_waiting, int) or max_waiting < 1 or not isinstance(next_ticket, int) \
+                or not isinstance(paused, bool):
+            raise InputError("queue", f"{self.path} has no valid max_waiting / next_ticket / paused",
                              f"move {self.path.name} away (the run folders are kept)")
-        return QueueState(max_waiting, next_ticket, [_record_from(job, self.path) for job in data["jobs"]])
+        return QueueState(max_waiting, next_ticket, [_record_from(job, self.path) for job in data["jobs"]], paused)
 
     def signature(self) -> tuple[int, int] | None:
         """Changes whenever the file is replaced: a runner re-reads it when this differs."""
@@ -183,17 +195,54 @@ class JobQueue:
                 _trim_finished(state)
                 write_atomic(self.path, state.to_json())
 
-    def add(self, request: dict[str, Any], layout: str, *, owner: str, source: str) -> JobRecord:
+    def add(self, request: dict[str, Any], layout: str, *, owner: str, source: str,
+            seed_drawn: bool = False) -> JobRecord:
         """Append a waiting job, or refuse when ``max_waiting`` jobs already wait (nothing written then)."""
+        return self.add_batch([(request, layout, "", seed_drawn)], owner=owner, source=source)[0]
+
+    def add_batch(self, runs: list[tuple[dict[str, Any], str, str, bool]], *, owner: str,
+                  source: str) -> list[JobRecord]:
+        """Append (request, layout, label, seed_drawn) runs as waiting jobs sharing one batch id (none for one run),
+        all of them or, past ``max_waiting``, none (one refusal, nothing written)."""
         with self._changing(creates=True) as state:
             waiting = len(state.waiting())
-            if waiting >= state.max_waiting:
-                raise queue_full(waiting, state.max_waiting)
-            job = JobRecord(id=uuid.uuid4().hex, ticket=state.next_ticket, state="waiting", request=request,
-                            layout=layout, owner=owner, source=source, submitted=time.time())
-            state.next_ticket += 1
-            state.jobs.append(job)
-        return job
+            if waiting + len(runs) > state.max_waiting:
+                raise queue_full(waiting, state.max_waiting, adding=len(runs))
+            batch = uuid.uuid4().hex[:12] if len(runs) > 1 else None
+            now, jobs = time.time(), []
+            for request, layout, label, seed_drawn in runs:
+                jobs.append(JobRecord(id=uuid.uuid4().hex, ticket=state.next_ticket, state="waiting", request=request,
+                                      layout=layout, owner=owner, source=source, submitted=now, batch=batch,
+                                      label=label, seed_drawn=seed_drawn))
+                state.next_ticket += 1
+            state.jobs.extend(jobs)
+        return jobs
+
+    def set_paused(self, paused: bool) -> QueueState:
+        """Pause (no waiting job starts; the running one finishes) or resume the runner; kept in the file."""
+        with self._changing(creates=True) as state:
+            state.paused = paused
+        return state
+
+    def move(self, job_id: str, places: int) -> int:
+        """Move a waiting job ``places`` up (negative) or down among the waiting jobs; returns its new position."""
+        with self._changing() as state:
+            job = _waiting_job(state, job_id, "moved")
+            waiting = state.waiting()
+            target = min(max(waiting.index(job) + places, 0), len(waiting) - 1)
+            order = [other for other in waiting if other.id != job.id]
+            order.insert(target, job)
+            slots = iter(order)  # the waiting jobs' places in the file stay; who sits in them changes
+            state.jobs = [next(slots) if other.state == "waiting" else other for other in state.jobs]
+        return target + 1
+
+    def edit(self, job_id: str, request: dict[str, Any], layout: str, seed_drawn: bool = False) -> JobRecord:
+        """Replace a waiting job's request and layout (the caller planned them); refused once it has started."""
+        with self._changing() as state:
+            updated = replace(_waiting_job(state, job_id, "edited"), request=request, layout=layout,
+                              seed_drawn=seed_drawn)
+            _put(state, updated)
+        return updated
 
     def cancel(self, job_id: str) -> JobRecord:
         """A waiting job becomes cancelled; a running one is asked to stop (its runner stops it at a step)."""
@@ -227,8 +276,10 @@ class JobQueue:
         return updated
 
     def claim_next(self, accept: Callable[[JobRecord], bool] = lambda job: True) -> JobRecord | None:
-        """Mark the first waiting job running and return it (None when nothing waits)."""
+        """Mark the first waiting job running and return it (None when nothing waits or the queue is paused)."""
         with self._changing() as state:
+            if state.paused:
+                return None
             job = next((job for job in state.waiting() if accept(job)), None)
             if job is None:
                 return None
@@ -252,10 +303,20 @@ class JobQueue:
         return interrupted
 
 
-def queue_full(waiting: int, limit: int) -> InputError:
-    """The refusal of a job past the bound (the studio also says it at its door, before planning)."""
+def queue_full(waiting: int, limit: int, adding: int = 1) -> InputError:
+    """The refusal of a job (or a batch) past the bound (the studio also says it at its door, before planning)."""
+    if adding > 1:
+        return InputError("queue", f"a batch of {adding} runs does not fit: {waiting} wait and the limit is {limit}",
+                          f"queue at most {max(limit - waiting, 0)} runs now, or wait until some have run")
     return InputError("queue", f"{waiting} runs are already waiting (the limit is {limit})",
                       "wait until some have run, or cancel one (magi2studio queue cancel ID)")
+
+
+def _waiting_job(state: QueueState, job_id: str, done: str) -> JobRecord:
+    job = state.find(job_id)
+    if job.state != "waiting":
+        raise InputError("job", f"#{job.ticket} is {job.state}, not waiting", f"only a waiting job can be {done}")
+    return job
 
 
 def _put(state: QueueState, job: JobRecord) -> None:

@@ -17,6 +17,9 @@ from typing import Any
 from ..errors import InputError
 from .jobqueue import RUNNER_LOCK_FILE, JobRecord
 
+PROGRESS_FILE = ".queue-progress.json"  # the running job's last stage and step, for ``magi2studio queue watch``
+PROGRESS_EVERY_S = 0.5
+
 class RunnerLock:
     """Held by the one process that runs the queue's jobs; the OS lets go of it if that process dies
     (the file stays then, unlocked, and the next runner takes it). A clean release removes the file."""
@@ -85,8 +88,9 @@ def execute_job(engine, plan, outputs_root: Path, record: JobRecord, *, on_progr
                 cancel: threading.Event | None = None) -> Outcome:
     """Start the engine for the plan's layout (timed: the ETA learns it), run the plan into a run folder.
 
-    The manifest's ``studio`` block records the ticket, job id, seconds queued and the engine
-    start; every failure becomes an Outcome with one readable line (tracebacks go to the log).
+    The manifest's ``studio`` block records the ticket, job id, seconds queued, the engine
+    start and, for a batch's run, the batch id and its label; every failure becomes an Outcome
+    with one readable line (tracebacks go to the log).
     """
     import logging
 
@@ -95,7 +99,10 @@ def execute_job(engine, plan, outputs_root: Path, record: JobRecord, *, on_progr
     from ..errors import Cancelled, describe_os_error
 
     log = logging.getLogger(__name__)
+    on_progress = _published(on_progress, Path(outputs_root), record)
     studio = {"ticket": record.ticket, "job": record.id, "queued_s": round(time.time() - record.submitted, 3)}
+    if record.batch is not None:  # History and Results find a batch's runs (and what varies) by these
+        studio.update(batch=record.batch, label=record.label)
     try:
         if engine.layout != plan.layout:
             if on_progress is not None:
@@ -118,6 +125,42 @@ def execute_job(engine, plan, outputs_root: Path, record: JobRecord, *, on_progr
     return Outcome("done", run=run, message=f"run folder {run.path.name}")
 
 
+def _published(on_progress, outputs_root: Path, record: JobRecord):
+    """``on_progress`` that also writes the event to the root's progress file (a stage at once, steps at most
+    every ``PROGRESS_EVERY_S``), so a terminal elsewhere can watch; a failed write never stops the run."""
+    import json
+
+    from ..run_folder.atomic import write_atomic
+
+    last = [0.0]
+
+    def publish(event) -> None:
+        now = time.monotonic()
+        if event.step is None or event.step + 1 == event.total or now - last[0] >= PROGRESS_EVERY_S:
+            last[0] = now
+            try:
+                write_atomic(outputs_root / PROGRESS_FILE, json.dumps({
+                    "job": record.id, "ticket": record.ticket, "stage": event.stage, "step": event.step,
+                    "total": event.total, "message": event.message, "written": time.time()}))
+            except OSError:
+                pass
+        if on_progress is not None:
+            on_progress(event)
+
+    return publish
+
+
+def read_progress(outputs_root: Path) -> dict[str, Any] | None:
+    """The last progress the runner published, or None (none yet, or a partial or foreign file)."""
+    import json
+
+    try:
+        data = json.loads((Path(outputs_root) / PROGRESS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("job"), str) else None
+
+
 def failure_line(err: BaseException) -> str:
     """One readable line for an engine failure; the traceback stays in the log."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -129,4 +172,5 @@ def plan_record(engine, record: JobRecord):
     from ..vocabulary.layouts import parse_layout
     from ..vocabulary.request import build_request
 
-    return engine.plan(build_request(**record.request), parse_layout(record.layout))
+    plan = engine.plan(build_request(**record.request), parse_layout(record.layout))
+    return plan.with_seed_drawn() if record.seed_drawn else plan

@@ -6,11 +6,26 @@ The studio's job list and Generate tab read it while the slot's worker feeds it 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from ..engines.base import Progress
 from .eta import Estimate
 
 STAGE_NAMES = {"load": "engine start", "decode_video": "decode video", "decode_audio": "decode audio"}
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage of a running job as its list shows it: ``done`` (its seconds), ``running`` (seconds so far; its
+    step is the timer line's) or ``next`` (the learned seconds)."""
+
+    stage: str
+    state: str
+    seconds: float
+
+    @property
+    def name(self) -> str:
+        return STAGE_NAMES.get(self.stage, self.stage)
 
 
 class StageClock:
@@ -24,10 +39,13 @@ class StageClock:
         self.done: int | None = None
         self.total: int | None = None
         self._first_step: tuple[float, int] | None = None
+        self.finished: list[tuple[str, float]] = []  # the stages done, in order, with their seconds
 
     def on_event(self, event: Progress, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         if event.stage != self.stage:
+            if self.stage != "starting":
+                self.finished.append((self.stage, now - self.stage_started))
             self.stage, self.stage_started, self._first_step = event.stage, now, None
             self.done = self.total = None
         self.message = event.message or self.message if event.step is None else ""
@@ -81,3 +99,18 @@ class StageClock:
         if remaining is not None:
             text += f" · ETA ~{remaining:.0f} s"
         return text
+
+    def stages(self, now: float | None = None, *, over: bool = False) -> list[StageRow]:
+        """Every stage in run order: the ones done, the running one (done too once the job is ``over``), then
+        the ones the estimate says come next."""
+        now = time.monotonic() if now is None else now
+        rows = [StageRow(stage, "done", seconds) for stage, seconds in self.finished]
+        if self.stage != "starting":
+            rows.append(StageRow(self.stage, "done" if over else "running", now - self.stage_started))
+        if not over and self.estimate is not None:
+            names = [stage for stage, _ in self.estimate.stages]
+            start = names.index(self.stage) + 1 if self.stage in names else 0
+            seen = {row.stage for row in rows}
+            rows += [StageRow(stage, "next", seconds) for stage, seconds in self.estimate.stages[start:]
+                     if stage not in seen]
+        return rows

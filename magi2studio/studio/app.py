@@ -41,7 +41,7 @@ def create_app(engine: Engine, outputs_root: Path, *, max_waiting: int = 32, pre
         demo.served = ServedFiles(outputs_root)  # the linked reports, not the root: it holds the queue file
         ctx.demo = demo
         gr.Markdown(f"# {TITLE} · {capabilities.engine} engine")
-        with gr.Tabs() as tabs:
+        with gr.Tabs(overflow_behavior="wrap") as tabs:  # on a phone every tab stays in sight, not in a "⋯" menu
             ctx.tabs = tabs
             for name in TABS:
                 importlib.import_module(f"magi2studio.studio.tab_{name}").build(ctx)

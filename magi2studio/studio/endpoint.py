@@ -37,10 +37,13 @@ def uploads_only(component: gr.File, field: str) -> gr.File:
 
 def one_parameter_per_field(fn: Callable[[dict[str, Any], gr.Request], Iterator[Any]]) -> Callable[..., Iterator[Any]]:
     """``fn(form_values, request)`` as Gradio calls an event: one parameter per :data:`form.FIELDS` name
-    (the /generate endpoint's parameter names), then ``request``; so the signature follows the request model."""
-    parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in F.FIELDS]
+    (the /generate endpoint's parameter names), then ``request``; so the signature follows the request model.
+
+    Each parameter defaults to None, which Gradio's API info reads as optional where the component has
+    no initial value (the files, the negative prompt): ``predict(prompt=..., api_name="/generate")`` works."""
+    parameters = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for name in F.FIELDS]
     signature = inspect.Signature([*parameters, inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                                  annotation=gr.Request)])
+                                                                  default=None, annotation=gr.Request)])
 
     def event(*args: Any, **kwargs: Any) -> Iterator[Any]:
         bound = signature.bind(*args, **kwargs).arguments

@@ -31,7 +31,7 @@ OPTIONAL_WHOLE = tuple(name for name, info in Request.model_fields.items() if in
 GROUPS: dict[str, tuple[str, ...]] = {
     "prompt": ("mode", "prompt", "prompt_file", "negative_prompt"),
     "image": ("image",),
-    "sampling": ("seed", "steps", "refiner_steps"),
+    "sampling": ("seed", "steps", "refiner_steps", "preview_every"),
     "advanced": ("video_cfg", "audio_cfg", "compile", "deterministic", "output_width", "output_height"),
     "tier": ("tier",),
     "layout": ("layout", *LAYOUT_FIELDS),

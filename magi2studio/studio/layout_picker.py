@@ -8,12 +8,13 @@ the layout is written into that same line, so two contradictory verdicts never s
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..engines.base import Capabilities, Engine
 from ..errors import InputError
-from ..vocabulary.layouts import PRESETS, Layout, memory_fit_line
+from ..vocabulary.layouts import PRESETS, Layout, memory_fit_line, memory_per_gpu_gib
 from ..vocabulary.tiers import TIERS, Tier, get_tier
 from .form import CUSTOM, layout_from_form
 
@@ -36,7 +37,11 @@ class PresetState:
 
 def preset_states(engine: Engine, tier: Tier) -> list[PresetState]:
     states = []
+    ranks_not_gpus = engine.name not in REAL_CHECKPOINT_ENGINES
     for name, (layout, why) in PRESETS.items():
+        if ranks_not_gpus:  # the embedded engine runs CPU ranks: the preset's GPU count is its world size here
+            why = re.sub(r"\b(\d+) GPUs?\b", lambda m: f"{m[1]} rank" + ("s" if m[1] != "1" else ""), why)
+            why = why.replace("per GPU", "per rank")
         try:
             warnings, refusal = tuple(engine.check_layout(layout, tier)), None
         except InputError as err:
@@ -54,12 +59,15 @@ def choices(states: list[PresetState]) -> list[tuple[str, str]]:
     return [*runnable, ("custom SP / CFG / EP", CUSTOM), *refused]
 
 
-def default_preset(engine: Engine, preload: Layout | None, states: list[PresetState]) -> str:
-    """The layout the engine runs or preloads, else the first preset it takes without warnings
-    (PRESETS lists the MUSA report's fastest layouts first), else the first it takes at all."""
+def default_preset(engine: Engine, preload: Layout | None, states: list[PresetState], demo: str | None = None) -> str:
+    """The layout the engine runs or preloads, else the engine's demo layout (the embedded engine's one
+    rank), else the first preset it takes without warnings (PRESETS lists the MUSA report's fastest
+    layouts first), else the first it takes at all."""
     layout = engine.layout or preload
     if layout is not None:
         return layout.name if layout.name in PRESETS else CUSTOM
+    if demo in PRESETS and any(s.name == demo and s.refusal is None for s in states):
+        return demo
     clean = [s.name for s in states if s.refusal is None and not s.warnings]
     runnable = [s.name for s in states if s.refusal is None]
     return (clean or runnable or [CUSTOM])[0]
@@ -79,16 +87,18 @@ def verdict(values: dict[str, Any], capabilities: Capabilities, engine: Engine, 
         layout = layout_from_form(values.get("layout_preset"), values.get("sp"), values.get("cfg"), values.get("ep"))
         warnings = engine.check_layout(layout, get_tier(tier_name) if tier_name in TIERS else TIERS["272p"])
     except InputError as err:
-        return f"✗ {html.escape(str(err))}"
+        return f'<span class="m2s-refusal" role="alert">✗ {html.escape(str(err))}</span>'
     lines = [f"✓ **{layout.name} runs on {capabilities.engine}**: world size {layout.world_size}, "
              f"MoE heads split {layout.moe_shards} ways"]
     lines += [f"⚠ {html.escape(warning)}" for warning in warnings]
     current = engine.layout
     if current is not None and current != layout:
         lines.append(f"↻ Generating will restart the engine: it runs {current.name} now, this is {layout.name}.")
-    fit = memory_fit_line(layout, gpu_gib)
     if capabilities.engine in REAL_CHECKPOINT_ENGINES:
-        lines.append(f"Per GPU: {fit}")
-    else:
-        lines.append(f"<small>For a GPU run of the real checkpoint: {fit}</small>")
+        lines.append(f"Per GPU: {memory_fit_line(layout, gpu_gib)}")
+    else:  # advice about another engine: no fit verdict beside this engine's ✓
+        need = memory_per_gpu_gib(layout)
+        lines.append(f"<small>ⓘ Not this engine's limit: a GPU run of the real checkpoint on {layout.name} needs "
+                     f"~{need:.0f} GiB per GPU ({gpu_gib:.0f} GiB assumed"
+                     f"{'' if need <= gpu_gib else ': more GPUs or offload would be needed there'}).</small>")
     return "\n\n".join(lines)

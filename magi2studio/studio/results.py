@@ -41,7 +41,13 @@ def timing_frame(records: list[dict]) -> pd.DataFrame:
 
 
 def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f} ms"
+    """A time in the unit a person reads it in: ms under a second, s under two minutes, then min and s."""
+    if value is None:
+        return "n/a"
+    if value < 1000:
+        return f"{value:.1f} ms"
+    seconds = value / 1000
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min ({seconds:.0f} s)"
 
 
 def summary_frame(manifest: dict[str, Any]) -> pd.DataFrame:

@@ -32,7 +32,8 @@ from ..jobs.jobqueue import JobQueue, JobRecord, QueueState, queue_full
 from ..jobs.runner import RunnerLock, execute_job, plan_record
 from ..jobs.stage_clock import StageClock
 from ..vocabulary.layouts import Layout
-from ..vocabulary.request import Request
+from ..vocabulary.request import RANDOM_SEED, Request
+from . import live_preview
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class EngineSlot:
         self._state = "loading" if preload is not None else "idle"
         self._closed = False
         self._followers = 0  # handlers following a job now (see following())
+        self.latest_preview: live_preview.LatestPreview | None = None  # the newest run's newest preview
         self._thread = threading.Thread(target=self._serve, args=(preload,), name="engine-slot", daemon=True)
         self._thread.start()
         self._watcher = threading.Thread(target=self._watch, name="engine-slot-queue-file", daemon=True)
@@ -154,7 +156,8 @@ class EngineSlot:
             where = "starting the engine" + (f" for layout {target.name}" if target is not None else "")
         else:
             where = f"layout {layout.name}" if layout is not None else "engine not started (starts on the first run)"
-        return f"{self._state} · {where} · {waiting} waiting"
+        paused = " · paused: no waiting job starts until resumed" if self.snapshot().paused else ""
+        return f"{self._state} · {where} · {waiting} waiting{paused}"
 
     # -- submitting, following, cancelling ------------------------------------------------
     def check_room(self) -> None:
@@ -170,16 +173,38 @@ class EngineSlot:
 
     def submit(self, plan: Plan, owner: str, source: str = "studio") -> Job:
         """Queue a plan (``engine.plan`` checked it), or refuse when the queue is full or closing."""
+        return self.submit_batch([(plan, "")], owner, source)[0]
+
+    def submit_batch(self, plans: list[tuple[Plan, str]], owner: str, source: str = "studio") -> list[Job]:
+        """Queue (plan, label) pairs as one batch: all of them, or none (queue full or closing)."""
         with self._cond:
             if self._closed:
                 raise InputError("queue", "the studio is shutting down", "try again after it restarts")
-        record = self.queue.add(plan.request.model_dump(mode="json"), plan.layout.name, owner=owner, source=source)
-        job = Job(record.ticket, owner, plan, record.id, submitted=record.submitted)
+        records = self.queue.add_batch([(plan.request.model_dump(mode="json"), plan.layout.name, label,
+                                         plan.resolved.get("seed_asked") == RANDOM_SEED) for plan, label in plans],
+                                       owner=owner, source=source)
+        jobs = [Job(record.ticket, owner, plan, record.id, submitted=record.submitted)
+                for record, (plan, _) in zip(records, plans)]
         with self._cond:
-            self._jobs[job.id] = job
+            self._jobs.update((job.id, job) for job in jobs)
             self._refresh()
             self._cond.notify_all()
-        return job
+        return jobs
+
+    def steer(self, change: str, *args) -> object:
+        """A queue-file change that steers the runner (``set_paused``, ``move``, ``edit``), seen at once here."""
+        result = getattr(self.queue, change)(*args)
+        with self._cond:
+            self._refresh()
+            self._cond.notify_all()
+        return result
+
+    def replan(self, job_id: str, plan: Plan) -> None:
+        """A waiting job's plan after an edit: the file's record changed, so this process's plan must too."""
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                job.plan = plan
 
     def cancel(self, owner: str) -> bool:
         """Cancel the owner's running or waiting jobs; the run stops at its next step boundary."""
@@ -301,7 +326,7 @@ class EngineSlot:
         """Wait for a waiting job and claim it; None once closed."""
         with self._cond:
             while not self._closed:
-                if self._snapshot.waiting():
+                if self._snapshot.waiting() and not self._snapshot.paused:
                     try:
                         record = self.queue.claim_next()
                         self._refresh()
@@ -356,6 +381,7 @@ class EngineSlot:
             if event.stage != "load":
                 self._state = "busy"
             job.clock.on_event(event)
+            self.latest_preview = live_preview.remember(record.id, event) or self.latest_preview
             put(Update("progress", progress=event))
 
         outcome = execute_job(self.engine, job.plan, self.outputs_root, record, on_progress=on_progress,

@@ -3,7 +3,7 @@
 The Generate button's event is also the public API endpoint ``/generate``: page and
 gradio_client go through the same function, so they get the same validation.
 
-About 300 lines on purpose: :func:`build` makes the form's components and wires their events
+About 400 lines on purpose: :func:`build` makes the form's components and wires their events
 inside one Gradio Blocks context; the endpoint's shape is :mod:`.endpoint`, the form's values
 :mod:`.form`, the layout control :mod:`.layout_picker`, the job list :mod:`.job_panel`.
 """
@@ -24,14 +24,17 @@ from ..vocabulary.layouts import PRESETS
 from ..vocabulary.request import RANDOM_SEED, draw_seed
 from ..vocabulary.tiers import TIERS
 from . import form as F
-from . import job_panel, session_state
+from . import batch_panel, job_panel, live_preview, session_state
 from . import layout_picker as LP
 from .context import StudioContext
 from .endpoint import one_parameter_per_field, uploads_only
+from .progress_line import progress_html
 
 log = logging.getLogger(__name__)
 
 TAB_ID = "generate"
+CANCELLING = "cancelling: the run stops at the next step boundary"
+REFUSED = "refused: the marked field says why and how to fix it"
 
 
 @dataclass
@@ -47,29 +50,35 @@ class GenerateForm:
         return F.values_from_manifest(manifest)
 
 
-def _progress_html(line: str, fraction: float | None = None, *, busy: bool = False) -> str:
-    """The line under Generate; ``busy`` without a fraction draws a moving bar (a stage of unknown length)."""
-    bar = (f'<progress value="{fraction:.3f}" max="1"></progress>' if fraction is not None
-           else '<progress max="1"></progress>' if busy else "")
-    return f'<div class="m2s-progress">{bar}<span>{html.escape(line)}</span></div>'
+def _fixed(line: str):
+    """A field changed: its box's refusal goes, and the progress line's "refused" with it."""
+    return _error_line(""), _error_line(""), progress_html("idle") if REFUSED in (line or "") else gr.HTML()
+
+
+def _results_if_done(line: str) -> gr.Tabs:
+    """After a page's run: to Results when it made one; a cancel ends the handler too, and stays here."""
+    return gr.Tabs(selected="results") if 'data-state="done"' in (line or "") else gr.Tabs()
 
 
 def _error_line(text: str, box: str | None = None) -> gr.Markdown:
-    """An error line's value; with ``box``, the line itself (built once, next to its fields)."""
+    """An error line's value; with ``box``, the line itself (built once, next to its fields).
+    A refusal (``✗ ...``) is marked as one (red, ``role=alert``); a note (a prompt file loaded) stays plain."""
     where = {"elem_id": f"error-{box}", "elem_classes": ["m2s-error"]} if box else {}
+    if text.startswith("✗"):
+        text = f'<span class="m2s-refusal" role="alert">{html.escape(text)}</span>'
     return gr.Markdown(value=text, visible=bool(text), **where)
 
 
-def _text_field(name: str, placeholder: str, **options: Any) -> gr.Textbox:
+def _text_field(name: str, placeholder: str, value: str = "", **options: Any) -> gr.Textbox:
     """An optional whole number of the request: blank means the engine's default (shown as the placeholder)."""
-    return gr.Textbox(value="", label=F.label(name), placeholder=placeholder, **options)
+    return gr.Textbox(value=value, label=F.label(name), placeholder=placeholder, **options)
 
 
 def build(ctx: StudioContext) -> None:
     caps = ctx.capabilities
     first_tier = _first_runnable_tier(caps)
     states = LP.preset_states(ctx.engine, TIERS[first_tier])
-    first_preset = LP.default_preset(ctx.engine, ctx.slot.preload, states)
+    first_preset = LP.default_preset(ctx.engine, ctx.slot.preload, states, caps.demo_layout)
     first_sp, first_cfg, first_ep = LP.fields_for(first_preset, ctx.engine.layout or ctx.slot.preload)
     with gr.Tab("Generate", id=TAB_ID):
         status = gr.Markdown(_status_text(ctx), elem_id="engine-status")
@@ -84,20 +93,22 @@ def build(ctx: StudioContext) -> None:
                 prompt = gr.Textbox(label=F.label("prompt"), lines=8, max_lines=24, elem_id="prompt",
                                     placeholder="Describe the clip, or load one of the published prompt files "
                                                 "(Ctrl+Enter generates)")
+                errors["prompt"] = _error_line("", "prompt")  # under the prompt: an empty prompt is its error
                 prompt_file = uploads_only(gr.File(label=f"Load a {F.label('prompt_file').lower()} "
                                                          f"({F.help_text('prompt_file')})",
                                                    elem_id="prompt-file", height=170), "prompt_file")
-                errors["prompt"] = _error_line("", "prompt")
                 # Under the prompt, so it stays above the fold at 1440x900 with the layout's verdict.
                 with gr.Row():
                     generate = gr.Button("Generate", variant="primary", elem_id="generate")
-                    cancel = gr.Button("Cancel", variant="stop", elem_id="cancel")
+                    cancel = gr.Button("Cancel", variant="stop", elem_id="cancel", interactive=False)
                 errors["general"] = _error_line("", "general")
-                progress = gr.HTML(_progress_html("idle"), elem_id="progress")
+                progress = gr.HTML(progress_html("idle"), elem_id="progress")
+                live_preview.build(ctx.slot)
                 with gr.Accordion(F.label("negative_prompt"), open=False, elem_id="negative-accordion"):
                     negative = gr.Textbox(label=F.label("negative_prompt"), lines=2, elem_id="negative-prompt",
                                           placeholder=F.help_text("negative_prompt"))
                 panel = job_panel.build(ctx)  # the job list fills the column's free space
+                batch_panel.build_form(ctx, panel)
             with gr.Column(scale=2):
                 with gr.Row(equal_height=True):
                     seed = gr.Number(value=F.default("seed"), label=f"{F.label('seed')} (-1: random)",
@@ -107,9 +118,12 @@ def build(ctx: StudioContext) -> None:
                                                container=False)
                         random_seed = gr.Button("random seed", size="sm")
                 with gr.Row():
-                    steps = _text_field("steps", f"blank: engine default, {caps.default_steps}", elem_id="steps")
+                    steps = _text_field("steps", f"blank: engine default, {caps.default_steps}",
+                                        "" if caps.demo_steps is None else str(caps.demo_steps), elem_id="steps")
                     refiner_steps = _text_field("refiner_steps", f"blank: engine default, {caps.default_refiner_steps}",
                                                 elem_id="refiner-steps")
+                    preview_every = _text_field("preview_every", "blank: about 10 a run; 0: off",
+                                                elem_id="preview-every")
                 errors["sampling"] = _error_line("", "sampling")
                 tier = gr.Radio([(_tier_label(name, caps.tiers.get(name)), name) for name in TIERS],
                                 value=first_tier, label=F.label("tier"), elem_id="tier")
@@ -126,11 +140,13 @@ def build(ctx: StudioContext) -> None:
                                        elem_id="layout-sp", min_width=90)
                         cfg = gr.Number(value=first_cfg, label="CFG", precision=None, interactive=custom,
                                         elem_id="layout-cfg", min_width=90)
-                        ep = gr.Textbox(value=first_ep, label="EP", placeholder="blank: follows SP",
+                        ep = gr.Textbox(value=first_ep, label="EP", placeholder="= SP",
                                         interactive=custom, elem_id="layout-ep", min_width=90)
                 # The layout's one verdict: the live check, and a Generate refusal of the layout.
                 layout_line = gr.Markdown(elem_id="layout-check")
                 errors["layout"] = layout_line
+                if caps.demo_steps is not None:  # below the layout's verdict, which stays above the fold
+                    gr.Markdown(_demo_line(caps), elem_id="demo-defaults")
                 with gr.Accordion("Advanced: guidance, compile mode, determinism, output size", open=False,
                                   elem_id="advanced"):
                     with gr.Row():
@@ -157,7 +173,8 @@ def build(ctx: StudioContext) -> None:
         cancel_job_box = gr.Textbox(visible=False)
 
     fields = {"mode": mode, "prompt": prompt, "prompt_file": prompt_file, "image": image, "negative_prompt": negative,
-              "seed": seed, "tier": tier, "steps": steps, "refiner_steps": refiner_steps, "video_cfg": video_cfg,
+              "seed": seed, "tier": tier, "steps": steps, "refiner_steps": refiner_steps,
+              "preview_every": preview_every, "video_cfg": video_cfg,
               "audio_cfg": audio_cfg, "compile": compile_mode, "deterministic": deterministic,
               "output_width": output_width, "output_height": output_height,
               "layout_preset": preset, "sp": sp, "cfg": cfg, "ep": ep}
@@ -173,7 +190,7 @@ def build(ctx: StudioContext) -> None:
     for name, component in fields.items():
         box = F.box_for(name)
         if box != "layout" and hasattr(component, "input"):
-            component.input(lambda: (_error_line(""), _error_line("")), None, [errors[box], errors["general"]],
+            component.input(_fixed, progress, [errors[box], errors["general"], progress],
                             queue=False, api_visibility="private")
 
     def check_layout(preset_value, sp_value, cfg_value, ep_value, tier_value):
@@ -225,6 +242,8 @@ def build(ctx: StudioContext) -> None:
                    [new_seed, seed], seed, queue=False, api_visibility="private")
     seed.change(lambda value: value == RANDOM_SEED, seed, new_seed, queue=False, api_visibility="private")
 
+    streamed: set[str] = set()  # jobs whose Generate stream is open: their page's line is the stream's
+
     @one_parameter_per_field
     def generate_run(form_values: dict[str, Any], request: gr.Request):
         """Validate, queue, follow: position while waiting, progress while running, then results."""
@@ -240,53 +259,66 @@ def build(ctx: StudioContext) -> None:
             job = ctx.slot.submit(plan, panel.owner(request), source=source)
         except InputError as err:
             marked = {errors[F.box_for(err.field)]: _error_line(f"✗ {err}")} if page else {}
-            yield {**cleared, **marked,
-                   progress: _progress_html("refused: the marked field says why and how to fix it")}
+            yield {**cleared, **marked, progress: progress_html(REFUSED)}
             # For API clients; the page shows the refusal once, next to its field (no toast).
             raise gr.Error(str(err), visible=False, print_exception=False) from None
-        yield {**cleared, progress: _progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
+        yield {**cleared, progress: progress_html(f"queued (ticket {job.ticket}, job {job.id}: "
                                                    f"/cancel_job with this id stops it)")}
         with ctx.slot.following():
+            streamed.add(job.id)  # the tick leaves this job's progress line to this stream
             try:
-                yield from job_outputs(job)
+                yield from job_outputs(job, source, request)
             except GeneratorExit:
                 # Gradio closes this handler when its client's stream has gone. A page's job stays (its
                 # browser finds it again after a reload); an API client's job would run for nobody.
                 if source == "api":
                     ctx.slot.client_gone(job)
                 raise
+            finally:
+                streamed.discard(job.id)
 
-    def job_outputs(job):
-        """The form's outputs for each of the job's updates, until its terminal one (raised as gr.Error unless done)."""
+    def job_outputs(job, source: str, request: gr.Request):
+        """The form's outputs for each of the job's updates, until its terminal one (raised as gr.Error unless
+        done; a cancel the page asked for ends quietly, an API client gets it as an error). A done job shows in
+        Results, unless the person on the page opened a run since queuing it: that run stays."""
         started = time.monotonic()
         for update in ctx.slot.follow(job):
             if update.kind == "queued":
-                yield {progress: _progress_html(
+                yield {progress: progress_html(
                     f"waiting: position {update.position} in the queue ({ctx.slot.waiting()} waiting)")}
+            elif update.kind in ("progress", "tick") and job.cancel.is_set():
+                yield {progress: progress_html(CANCELLING, busy=True, state="cancelling")}
             elif update.kind in ("progress", "tick") and job.clock is not None:
                 now = time.monotonic()
-                yield {progress: _progress_html(f"#{job.ticket} " + job.clock.line(now), job.clock.fraction(now),
-                                                busy=True)}
+                yield {progress: progress_html(f"#{job.ticket} " + job.clock.line(now), job.clock.fraction(now),
+                                                busy=True, stages=job.clock.stages(now))}
             elif update.kind == "done":
-                took = time.monotonic() - started
-                yield {**ctx.results.values_for(update.run),
-                       progress: _progress_html(f"done in {took:.1f} s: {update.run.path.name}", 1.0)}
+                line = f"done in {time.monotonic() - started:.1f} s: {update.run.path.name}"
+                stages = job.clock.stages(over=True) if job.clock is not None else ()
+                if source == "studio" and ctx.results.opened_since(request, job.submitted):
+                    yield {progress: progress_html(f"{line} (Results keeps the run you opened; 'open' in the "
+                                                    "job list shows this one)", 1.0, state="done-kept", stages=stages)}
+                else:
+                    yield {**ctx.results.values_for(update.run),
+                           progress: progress_html(line, 1.0, state="done", stages=stages)}
             elif update.kind == "refused":
                 yield {errors[F.box_for(update.error.field)]: _error_line(f"✗ {update.error}"),
-                       progress: _progress_html("refused by the engine")}
+                       progress: progress_html("refused by the engine")}
                 raise gr.Error(update.message, visible=False, print_exception=False)
             elif update.kind == "cancelled":
-                yield {progress: _progress_html(update.message)}
-                raise gr.Error(update.message, title="Cancelled", print_exception=False)
+                yield {progress: progress_html(update.message, state="cancelled")}
+                if source == "api":
+                    raise gr.Error(update.message, title="Cancelled", print_exception=False)
+                return
             else:
                 yield {errors["general"]: _error_line(f"✗ {update.message}"),
-                       progress: _progress_html("failed")}
+                       progress: progress_html("failed")}
                 raise gr.Error(update.message, print_exception=False)
 
     def cancel_mine(request: gr.Request) -> str:
         if ctx.slot.cancel(panel.owner(request)):
-            return _progress_html("cancelling: the run stops at the next step boundary")
-        return _progress_html("nothing of yours is running or waiting")
+            return progress_html(CANCELLING, busy=True, state="cancelling")
+        return progress_html("nothing of yours is running or waiting")
 
     def cancel_job(job_id: str, request: gr.Request) -> str:
         """Cancel one of the caller's jobs by id (shown when it is queued): a client that submits from several
@@ -309,13 +341,35 @@ def build(ctx: StudioContext) -> None:
         # trigger_mode="multiple": a click while a run goes queues another job (Gradio drops it by default).
         generate.click(generate_run, inputs, outputs, api_name="generate", concurrency_limit=None,
                        show_progress="hidden", preprocess=False, trigger_mode="multiple").success(
-            lambda: gr.Tabs(selected="results"), None, ctx.tabs, queue=False, api_visibility="private")
+            _results_if_done, progress, ctx.tabs, queue=False, api_visibility="private")
         cancel.click(cancel_mine, None, progress, api_name="cancel", queue=False)
         cancel_job_box.submit(cancel_job, cancel_job_box, cancel_job_box, api_name="cancel_job", queue=False)
         ctx.demo.load(check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
 
     ctx.defer(wire)
-    timer.tick(lambda: _status_text(ctx), None, status, queue=False, show_progress="hidden",
+    def page_tick(request: gr.Request):
+        """Every 2 s: the engine status; Cancel only while this page has a job waiting or running; the progress
+        line follows this page's job when no Generate stream does (after a reload)."""
+        state = ctx.slot.snapshot()
+        mine = [record for record in state.jobs if record.pending and panel.owns(record, request)]
+        if any(record.id in streamed for record in mine):
+            return _status_text(ctx), gr.Button(interactive=True), gr.HTML()
+        running = ctx.slot.running_clock()
+        line = gr.HTML()
+        for record in mine:
+            if running is not None and record.id == running[0]:
+                now, clock = time.monotonic(), running[1]
+                line = (progress_html(CANCELLING, busy=True, state="cancelling") if record.cancel_requested
+                        else progress_html(f"#{record.ticket} " + clock.line(now), clock.fraction(now), busy=True,
+                                            stages=clock.stages(now)))
+                break
+        else:
+            if mine:
+                line = progress_html(f"waiting: position {state.position(mine[0].id)} in the queue "
+                                      f"({ctx.slot.waiting()} waiting)")
+        return _status_text(ctx), gr.Button(interactive=bool(mine)), line
+
+    timer.tick(page_tick, None, [status, cancel, progress], queue=False, show_progress="hidden",
                api_visibility="private")
 
 
@@ -324,6 +378,14 @@ def _status_text(ctx: StudioContext) -> str:
     devices = ", ".join(caps.devices) or "none"
     return (f"**Engine** {caps.engine} · **platform** {caps.platform} · **devices** {devices} · "
             f"**{ctx.slot.status_line()}**")
+
+
+def _demo_line(caps) -> str:
+    """Why Steps and Layout start where they do on a demo engine, and what blank Steps means instead."""
+    layout = f" on one rank ({caps.demo_layout})" if caps.demo_layout else ""
+    return (f"<small>Demo defaults for the {caps.engine} engine: {caps.demo_steps} steps{layout}, for a first "
+            f"result in about 20 s on 2 CPU cores. Blank Steps runs the engine default, {caps.default_steps} "
+            f"(the real model's).</small>")
 
 
 def _tier_label(name: str, reason: str | None) -> str:

@@ -9,6 +9,7 @@ import gradio as gr
 
 from ..errors import InputError
 from ..run_folder.runs import load_run
+from . import batch_panel
 from . import history as H
 from .context import StudioContext
 from .served import cached
@@ -36,8 +37,9 @@ def build(ctx: StudioContext) -> None:
                 confirm_text = gr.Markdown()
                 confirm = gr.Button("Yes, delete it", variant="stop", elem_id="history-delete-yes", scale=0)
                 keep = gr.Button("Keep it", elem_id="history-delete-no", scale=0)
-        shown = gr.State([])
         picked = gr.State(None)
+        batch_panel.build_grid(ctx, picked, "history-batch")
+        shown = gr.State([])
 
     def load_history(text: str | None):
         entries = H.list_entries(ctx.outputs_root)
@@ -59,11 +61,12 @@ def build(ctx: StudioContext) -> None:
                            print_exception=False) from None
         return gr.Column(visible=True), H.details(entry), str(path), gr.Row(visible=False)
 
-    def open_in_results(path: str | None):
+    def open_in_results(path: str | None, request: gr.Request):
         try:
             run = load_run(Path(path or ""))
         except InputError as err:
             raise gr.Error(f"{err} (press Refresh)", print_exception=False) from None
+        ctx.results.opened(request)
         return ctx.results.values_for(run)
 
     def delete(path: str | None, text: str | None):

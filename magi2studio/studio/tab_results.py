@@ -4,7 +4,8 @@ fills the Generate form back in from the manifest."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import gradio as gr
 
 from ..errors import InputError
 from ..run_folder.runs import RunFolder, load_run, manifest_request
+from . import batch_panel
 from . import results as R
 from .context import StudioContext
 from .form import FIELDS
@@ -34,6 +36,18 @@ class ResultsView:
     download: gr.File
     run_path: gr.State
     studio: StudioContext
+    _opened: dict[str, float] = field(default_factory=dict)  # page session -> when its person last opened a run
+
+    def opened(self, request: gr.Request | None) -> None:
+        """The person on this page opened a run (job list, History, a batch's grid): the page's own jobs that
+        finish later leave Results to it (:meth:`opened_since`)."""
+        session = getattr(request, "session_hash", None)
+        if session:
+            self._opened[session] = time.time()
+
+    def opened_since(self, request: gr.Request | None, since: float) -> bool:
+        """Whether the person on this page opened a run after ``since`` (a job's submission)."""
+        return self._opened.get(getattr(request, "session_hash", None) or "", float("-inf")) >= since
 
     @property
     def components(self) -> list[Any]:
@@ -81,6 +95,7 @@ def build(ctx: StudioContext) -> None:
         with gr.Accordion("manifest.json", open=False):
             manifest = gr.JSON(label="manifest", elem_id="manifest")
         run_path = gr.State(None)
+        batch_panel.build_grid(ctx, run_path, "results-batch")
 
     ctx.results = ResultsView(headline, video, wav, plot, summary, manifest, download, run_path, ctx)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
 from ..errors import InputError
 from .paths import contained, read_text, regular_file
@@ -50,6 +50,8 @@ class Request(BaseModel):
     steps: int | None = Field(None, title="Steps", description="denoising steps; blank: the engine's default")
     refiner_steps: int | None = Field(None, title="Refiner steps (1080p)",
                                       description="the 1080p refiner's steps; blank: the engine's default")
+    preview_every: int | None = Field(None, title="Live preview every", description=(
+        "steps between live previews of the clip being denoised; 0: off; blank: the engine's default"))
     video_cfg: float = Field(5.0, title="Video CFG scale", description=(
         "classifier-free guidance for the picture: higher follows the prompt more closely, "
         "too high over-saturates; 0 to 50"))
@@ -66,7 +68,8 @@ class Request(BaseModel):
     output_height: int | None = Field(None, title="Output height", description=(
         "delivered height; blank: the tier's generated size (1080p generates 1088; 1080 resizes it)"))
 
-    @field_validator("seed", "steps", "refiner_steps", "output_width", "output_height", mode="before")
+    @field_validator("seed", "steps", "refiner_steps", "preview_every", "output_width", "output_height",
+                     mode="before")
     @classmethod
     def _integers_only(cls, value: Any) -> Any:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -74,6 +77,16 @@ class Request(BaseModel):
         if isinstance(value, str):
             raise ValueError("must be a whole number, not text")
         return value
+
+    @model_serializer(mode="wrap")
+    def _without_unset_preview(self, handler) -> dict[str, Any]:
+        """A request that leaves ``preview_every`` blank dumps as before the field existed, so the
+        manifests, request.yaml files and reproduce keys of earlier runs still verify and match."""
+
+        data = handler(self)
+        if data.get("preview_every") is None:
+            data.pop("preview_every", None)
+        return data
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)
@@ -185,6 +198,9 @@ def validate_request(request: Request) -> Request:
         raise InputError("steps", f"{request.steps} is out of range", _FIXES["steps"])
     if request.refiner_steps is not None and not 1 <= request.refiner_steps <= MAX_REFINER_STEPS:
         raise InputError("refiner_steps", f"{request.refiner_steps} is out of range", _FIXES["refiner_steps"])
+    if request.preview_every is not None and not 0 <= request.preview_every <= MAX_STEPS:
+        raise InputError("preview_every", f"{request.preview_every} is out of range",
+                         f"use 0 (off) to {MAX_STEPS} steps, or leave it blank")
     output_size(request, tier)
     for name in ("video_cfg", "audio_cfg"):
         value = getattr(request, name)

@@ -56,7 +56,7 @@ def generate_args(**overrides: Any) -> dict[str, Any]:
     args = {
         "mode": "t2va", "prompt": "A red kite over a grey sea; gulls cry, wind in the lines.",
         "prompt_file": None, "image": None, "negative_prompt": "", "seed": 7, "tier": "272p",
-        "steps": FAST_STEPS, "refiner_steps": None, "video_cfg": 5.0, "audio_cfg": 7.0,
+        "steps": FAST_STEPS, "refiner_steps": None, "preview_every": "", "video_cfg": 5.0, "audio_cfg": 7.0,
         "compile": "engine default", "deterministic": True, "output_width": "", "output_height": "",
         "layout_preset": "sp1-cfg1", "sp": 1, "cfg": 1,
         "ep": None,

@@ -315,6 +315,25 @@ def test_the_stage_clock_times_every_stage_and_gives_an_eta():
     assert unknown.line(now=3.0) == "decode video · 2 s · job 3 s" and unknown.fraction(3.0) is None
 
 
+def test_the_stage_clock_lists_each_stage_with_its_state_and_time():
+    from magi2studio.engines.base import Progress
+    from magi2studio.jobs.eta import Estimate
+    from magi2studio.jobs.stage_clock import StageClock, StageRow
+
+    clock = StageClock(Estimate((("load", 20.0), ("encode", 2.0), ("preview", 8.0), ("mux", 1.0))), now=0.0)
+    assert clock.stages(now=0.0) == [StageRow("load", "next", 20.0), StageRow("encode", "next", 2.0),
+                                     StageRow("preview", "next", 8.0), StageRow("mux", "next", 1.0)]
+    clock.on_event(Progress("encode"), now=1.0)  # the engine was up: no load, which the list then leaves out
+    clock.on_event(Progress("preview", 0, 4), now=4.0)
+    clock.on_event(Progress("preview", 1, 4), now=6.0)
+    assert clock.stages(now=7.0) == [StageRow("encode", "done", 3.0), StageRow("preview", "running", 3.0),
+                                     StageRow("mux", "next", 1.0)]
+    clock.on_event(Progress("mux"), now=12.0)
+    assert clock.stages(now=12.5, over=True) == [StageRow("encode", "done", 3.0), StageRow("preview", "done", 8.0),
+                                                 StageRow("mux", "done", 0.5)]
+    assert [row.name for row in StageClock(None).stages()] == []
+
+
 @pytest.mark.slow
 def test_queue_cancel_from_the_command_line_stops_the_studio_s_running_job(studio, capsys):
     before = everything_under(studio.outputs)

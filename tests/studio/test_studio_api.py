@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +71,25 @@ def test_i2va_files_match_a_direct_generate(studio, tmp_path):
                              steps=FAST_STEPS)
     assert recorded == expected
     assert_same_files(result, direct_run(studio, expected, tmp_path))
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "generate_api.py"
+
+
+@pytest.mark.slow
+def test_the_documented_example_needs_only_the_prompt(studio, tmp_path):
+    """docs/examples/generate_api.py sends the prompt (and here seed and steps) and nothing else:
+    every other /generate parameter takes the page's default, the files and negative prompt included."""
+    prompt = "A lighthouse blinks at dusk; waves slap the rocks."
+    done = subprocess.run([sys.executable, str(EXAMPLE), studio.url, prompt, "--seed", "13",
+                           "--steps", str(FAST_STEPS)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = build_request(mode="t2va", prompt=prompt, seed=13, steps=FAST_STEPS)
+    assert Request(**printed["request"]) == expected
+    direct = direct_run(studio, expected, tmp_path)
+    assert printed["hashes"]["frames_sha256"] == direct.manifest["hashes"]["frames_sha256"]
+    assert sha256(printed["video"]) == sha256(direct.video)
 
 
 def refusal(studio, **overrides) -> str:

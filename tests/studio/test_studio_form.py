@@ -31,7 +31,7 @@ def test_the_form_has_every_request_field_in_the_models_order_then_the_layout():
     assert F.FIELDS[: len(Request.model_fields)] == tuple(Request.model_fields)
     assert F.FIELDS[len(Request.model_fields):] == ("layout_preset", "sp", "cfg", "ep")
     assert {"output_width", "output_height"} <= set(F.FIELDS)
-    assert set(F.OPTIONAL_WHOLE) == {"steps", "refiner_steps", "output_width", "output_height"}
+    assert set(F.OPTIONAL_WHOLE) == {"steps", "refiner_steps", "preview_every", "output_width", "output_height"}
 
 
 def test_every_field_has_an_error_line_next_to_it_and_a_label():
@@ -109,12 +109,51 @@ def test_the_preset_and_its_fields_agree_on_first_load(engine):
     assert LP.default_preset(engine, parse_layout("sp1-cfg2"), states) == "sp1-cfg2"
 
 
+def test_the_embedded_engine_starts_the_form_at_its_demo_defaults_and_says_so(engine, tmp_path):
+    """A first result in about 20 s (docs/studio.md): the Steps field and the Layout start at the embedded
+    engine's demo values, the page says so, and the API's defaults are the same; the engine's own default
+    (a blank Steps, the CLI) stays the real model's."""
+    from magi2studio.engines.embedded.engine import DEMO_LAYOUT, DEMO_STEPS
+    from magi2studio.studio.app import create_app
+
+    caps = engine.capabilities()
+    assert (caps.demo_steps, caps.demo_layout) == (DEMO_STEPS, "sp1-cfg1") and caps.default_steps == 100
+    assert DEMO_STEPS < caps.default_steps
+    states = LP.preset_states(engine, TIERS["272p"])
+    assert LP.default_preset(engine, None, states, caps.demo_layout) == DEMO_LAYOUT
+    assert LP.default_preset(engine, parse_layout("sp1-cfg2"), states, caps.demo_layout) == "sp1-cfg2"
+    demo, ctx = create_app(engine, tmp_path / "outputs")
+    try:
+        parameters = {p["parameter_name"]: p["parameter_default"]
+                      for p in demo.get_api_info()["named_endpoints"]["/generate"]["parameters"]}
+        assert (parameters["steps"], parameters["layout_preset"], parameters["sp"]) == (str(DEMO_STEPS), DEMO_LAYOUT, 1)
+        said = demo.config["components"]
+        line = next(c["props"]["value"] for c in said if c["props"].get("elem_id") == "demo-defaults")
+        assert f"{DEMO_STEPS} steps on one rank ({DEMO_LAYOUT})" in line and "engine default, 100" in line
+    finally:
+        ctx.slot.close()
+        ctx.close()
+
+
+def test_the_cpu_engine_speaks_of_ranks_and_puts_no_fit_verdict_beside_its_check(engine):
+    """First load on the embedded engine: no "4 GPUs" in the presets, no "does NOT fit" beside the ✓."""
+    caps = engine.capabilities()
+    labels = [label for label, _ in LP.choices(LP.preset_states(engine, TIERS["272p"]))]
+    assert not any("GPU" in label for label in labels if "offload" not in label), labels
+    assert any(label.startswith("sp2-cfg2: 4 ranks") for label in labels), labels
+    for preset in ("sp1-cfg1", "sp2-cfg1"):
+        line = LP.verdict({"layout_preset": preset, "tier": "272p"}, caps, engine, 80.0)
+        assert line.startswith(f"✓ **{preset} runs on embedded**")
+        assert "does NOT fit" not in line and "fits" not in line and "Not this engine's limit" in line
+
+
 def test_the_verdict_is_this_engines_and_the_memory_line_only_advice_off_the_real_checkpoint(engine):
     caps = engine.capabilities()
     good = LP.verdict({"layout_preset": "sp2-cfg1", "tier": "272p"}, caps, engine, 80.0)
-    assert good.startswith("✓ **sp2-cfg1 runs on embedded**") and "For a GPU run of the real checkpoint" in good
+    assert good.startswith("✓ **sp2-cfg1 runs on embedded**") and "a GPU run of the real checkpoint" in good
     bad = LP.verdict({"layout_preset": "sp8-cfg1-ep4", "tier": "272p"}, caps, engine, 80.0)
-    assert bad.startswith("✗ layout: sp8-cfg1-ep4 needs 8 ranks") and "Fix:" in bad and "✓" not in bad
+    assert bad.startswith('<span class="m2s-refusal" role="alert">✗ layout: sp8-cfg1-ep4 needs 8 ranks')
+    assert "Fix:" in bad and "✓" not in bad
 
 
 def test_read_uploaded_prompt_keeps_the_text(tmp_path):

@@ -32,3 +32,12 @@ def test_the_summary_shows_the_gate_metric_of_the_slowest_rank():
     assert rows["preview gate metric (slowest rank, steps 0-1 dropped)"] == "126.0 ms/step"
     assert rows["preview median / min / max"] == "126.0 ms / 121.0 ms / 131.0 ms"
     assert rows["stage decode_video"] == "12.5 ms"
+
+
+def test_long_times_read_in_seconds_and_minutes_not_raw_ms():
+    summary = {**gate_summary(records(ranks=1, steps=4), "preview"), "total_ms": 525481.2}
+    table = summary_frame({"timing": {"stages": {"preview": summary}, "stage_ms": {"decode_video": 4200.0}}})
+    rows = dict(zip(table.what, table.value))
+    assert rows["preview total"] == "8.8 min (525 s)"
+    assert rows["stage decode_video"] == "4.2 s"
+    assert rows["preview median / min / max"].endswith(" ms")  # a step stays in ms

@@ -204,7 +204,8 @@ def test_job_control_needs_the_job_s_own_session(studio, planted):
             assert "cancelling" not in _call(studio, "cancel_job", [waiting_id], session)
             assert "cancelling" not in _call(studio, "cancel", [], session)
         for action, job_id in (("cancel", waiting_id), ("cancel", running_id), ("cancel", cli_job.id),
-                               ("remove", done.id), ("open", done.id), ("run again", done.id)):
+                               ("remove", done.id), ("open", done.id), ("run again", done.id),
+                               ("up", waiting_id), ("down", cli_job.id), ("edit", waiting_id), ("edit", cli_job.id)):
             notice = _panel_action(studio, action, job_id, "attacker-session")
             assert notice.startswith("✗ job: "), (action, notice)
         # The list shows every job, with buttons only on the caller's own.

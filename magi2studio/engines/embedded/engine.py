@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from ...vocabulary.layouts import Layout, check_shape
 from ...vocabulary.request import Request, output_size
 from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
+from ..live_preview import decoder_digest, default_every, map_for_decoder, read_latest
 from .components import STAND_INS
 from .rank import Job, StageStarted, StepFinished
 from .pool import RankPool
@@ -28,6 +31,10 @@ from .tiny_weights import RANDOM, TRAINED, TRAINED_SHA256, checkpoint_folder, re
 log = logging.getLogger(__name__)
 ENGINE_NAME = "embedded"
 MAX_RANKS = 4  # CPU ranks the embedded engine will start (oversubscribing small machines)
+# The studio's first steps and layout here: a first result in about 20 s on a quiet 2-core machine,
+# engine start included (docs/studio.md); the engine's own default stays the real model's 100 steps.
+DEMO_STEPS = 20
+DEMO_LAYOUT = "sp1-cfg1"
 
 
 class EmbeddedEngine(Engine):
@@ -48,6 +55,7 @@ class EmbeddedEngine(Engine):
         self._layout: Layout | None = None
         self._pool: RankPool | None = None
         self._lock = threading.Lock()
+        self._preview_map: tuple[Path | None] | None = None
 
     # -- what it can do -----------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -71,6 +79,8 @@ class EmbeddedEngine(Engine):
                 "1080p: the 540p preview, then a tiny dense refiner DiT with block-window attention "
                 f"({self.config.default_refiner_steps} steps by default), decoded to 1920x1088 x 249 frames at 25 fps",
             ],
+            demo_steps=DEMO_STEPS,
+            demo_layout=DEMO_LAYOUT,
         )
 
     def check_layout(self, layout: Layout, tier: Tier) -> list[str]:
@@ -164,9 +174,11 @@ class EmbeddedEngine(Engine):
 
         width, height = output_size(request, tier)
         refiner_steps = (request.refiner_steps or self.config.default_refiner_steps) if tier.refined else None
-        return {"steps": request.steps or self.config.default_steps, "refiner_steps": refiner_steps,
+        steps = request.steps or self.config.default_steps
+        every = default_every(steps) if request.preview_every is None else request.preview_every
+        return {"steps": steps, "refiner_steps": refiner_steps,
                 "output_size": f"{width}x{height}", "compile": request.compile or "eager",
-                "deterministic": request.deterministic}
+                "deterministic": request.deterministic, "preview_every": every}
 
     def generate(self, plan: Plan, *, on_progress: ProgressCallback | None = None,
                  cancel: threading.Event | None = None) -> Generation:
@@ -175,6 +187,11 @@ class EmbeddedEngine(Engine):
         if self._layout is None:
             raise RuntimeError("start(layout) the engine before generate()")
         started = time.perf_counter()
+        if self._preview_map is None:  # the decoder's files do not change while the engine lives
+            self._preview_map = (map_for_decoder(decoder_digest(self.checkpoint() / "turbo_vae")),)
+        preview_map = self._preview_map[0]
+        preview_dir = tempfile.mkdtemp(prefix="magi2studio-preview-")
+        shown: set[str | None] = set()  # pictures already named: a progress event names a new one once
 
         def on_event(event: StageStarted | StepFinished) -> None:
             if on_progress is None:
@@ -183,7 +200,10 @@ class EmbeddedEngine(Engine):
             if isinstance(event, StageStarted):
                 on_progress(Progress(event.name, elapsed_s=elapsed))
             else:
-                on_progress(Progress(event.stage, event.index, event.total, elapsed))
+                latest = read_latest(preview_dir) if event.rank == 0 else None
+                fresh = latest["path"] if latest and latest["path"] not in shown else None
+                shown.add(fresh)
+                on_progress(Progress(event.stage, event.index, event.total, elapsed, preview=fresh))
 
         with self._lock:
             if cancel is not None and cancel.is_set():
@@ -192,7 +212,14 @@ class EmbeddedEngine(Engine):
             if pool is None or not pool.alive:
                 raise EngineError(f"the {self._layout.name} ranks were stopped by an earlier failure; "
                                   "start the engine again")
-            result = pool.run(Job.from_plan(plan), on_event, cancel)
+            try:
+                job = Job.from_plan(plan, str(preview_map) if preview_map else None, preview_dir)
+                result = pool.run(job, on_event, cancel)
+            finally:
+                shutil.rmtree(preview_dir, ignore_errors=True)
+        resolved = _as_run(plan, result.negative_prompt_source)
+        resolved["live_preview"] = ({"every": job.preview_every, "map": preview_map.stem} if job.preview_every
+                                    else "off" if preview_map else "off: no preview map fitted to this decoder")
         return Generation(
             frames=result.frames,
             audio=result.audio,
@@ -200,7 +227,7 @@ class EmbeddedEngine(Engine):
             sample_rate=AUDIO_SAMPLE_RATE,
             step_records=result.step_records,
             stage_ms=result.stage_ms,
-            resolved=_as_run(plan, result.negative_prompt_source),
+            resolved=resolved,
             engine_info={**self.info(), **pool.run_info()},
             latents_sha256=result.latents_sha256,
         )

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ...errors import Cancelled
 from ...vocabulary.request import Request, output_size
 from ...vocabulary.tiers import Tier
+from ..live_preview import LinearPreviewMap, LivePreview
 from ..timing import StepTimer, active, install_step_hooks
 from . import upstream_patches
 from .components import load_components
@@ -40,12 +41,16 @@ class Job:
     compile_mode: str
     deterministic: bool
     refiner_steps: int | None = None  # refined tiers (1080p) only
+    preview_every: int = 0  # live preview every N steps on rank 0 (0: off)
+    preview_map: str | None = None  # the fitted map's file (engines/live_preview)
+    preview_dir: str | None = None  # where rank 0 writes the pictures
 
     @classmethod
-    def from_plan(cls, plan) -> Job:
+    def from_plan(cls, plan, preview_map: str | None = None, preview_dir: str | None = None) -> Job:
         settings = plan.resolved
+        every = settings.get("preview_every", 0) if preview_map and preview_dir else 0
         return cls(plan.request, plan.tier, settings["steps"], settings["compile"], settings["deterministic"],
-                   settings["refiner_steps"])
+                   settings["refiner_steps"], every, preview_map, preview_dir)
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,8 @@ def run_job(driver: EmbeddedDriver, job: Job, *, rank: int, world_size: int,
     # 1080p decodes patch-parallel over all ranks (the layout rule); rank 0 gets the video.
     driver.set_vae_patch_parallel(world_size if job.tier.refined else 1)
     timer = StepTimer(stage="preview", rank=rank, on_step=on_step)
+    if rank == 0 and job.preview_every > 0:
+        timer.preview = LivePreview(job.preview_dir, job.preview_every, LinearPreviewMap.read(job.preview_map))
     with active(timer):
         out = driver.run(job.request, job.tier, job.steps, job.refiner_steps, on_stage=on_stage,
                          output_size=output_size(job.request, job.tier))
