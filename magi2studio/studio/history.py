@@ -19,6 +19,7 @@ from ..run_folder.runs import is_complete, load_run
 
 MAX_SHOWN = 200
 PROMPT_PREVIEW_CHARS = 160
+CAPTION_PROMPT_CHARS = 48  # of the prompt on a History card (the details show all of it)
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,14 @@ class RunEntry:
         return self.path.name
 
     def caption(self) -> str:
-        """Seed first (a cut caption keeps it), then tier, layout and the date; the badge on its own line."""
+        """Seed first (a cut caption keeps it), then tier, layout and the date; the mode and the prompt's start on
+        the next line (a T2VA and an I2VA run of one seed must not look alike); the badge on its own line."""
         badge = f"\n= identical to {self.identical_to}" if self.identical_to else ""
-        return f"seed {self.seed} · {self.tier} · {self.layout} · {self.created[:16].replace('T', ' ')}{badge}"
+        prompt = " ".join(self.prompt.split())
+        if len(prompt) > CAPTION_PROMPT_CHARS:
+            prompt = prompt[:CAPTION_PROMPT_CHARS].rstrip() + "…"
+        return (f"seed {self.seed} · {self.tier} · {self.layout} · {self.created[:16].replace('T', ' ')}\n"
+                f"{self.mode.upper()} · {prompt}{badge}")
 
     def haystack(self) -> str:
         return " ".join((self.name, self.created.replace("T", " "), self.mode, self.tier, f"seed {self.seed}",

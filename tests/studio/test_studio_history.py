@@ -14,14 +14,14 @@ from magi2studio.studio import history as H
 
 
 def run_folder(root: Path, name: str, *, prompt: str, seed: int, tier: str = "272p", layout: str = "sp1-cfg1",
-               frames: str = "a", when: float = 0.0, seed_asked: int | None = None) -> Path:
+               frames: str = "a", when: float = 0.0, seed_asked: int | None = None, mode: str = "t2va") -> Path:
     folder = root / name
     folder.mkdir(parents=True)
     for file in RUN_FILES:
         (folder / file).write_bytes(b"x")
     resolved = {"steps": 3, **({"seed_asked": seed_asked} if seed_asked is not None else {})}
     manifest = {"manifest_version": MANIFEST_VERSION, "created": "2026-12-04T01:02:03+0000",
-                "request": {"mode": "t2va", "prompt": prompt, "seed": seed, "tier": tier}, "resolved": resolved,
+                "request": {"mode": mode, "prompt": prompt, "seed": seed, "tier": tier}, "resolved": resolved,
                 "layout": {"name": layout}, "engine": {"name": "embedded"}, "files": {},
                 "hashes": {"frames_sha256": frames * 64, "pcm_sha256": "b" * 64}}
     (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
@@ -53,6 +53,20 @@ def test_runs_are_listed_newest_first_and_a_repeat_is_marked_identical_to_the_fi
 def test_a_caption_starts_with_the_seed_so_a_cut_one_keeps_it(outputs):
     caption = H.list_entries(outputs)[0].caption()
     assert caption.startswith("seed 11 · 540p · sp2-cfg1 · 2026-12-04 01:02")
+
+
+def test_a_t2va_and_an_i2va_run_of_one_seed_have_cards_that_tell_them_apart(tmp_path):
+    """The audit's defect: two runs with seed 42, one T2VA and one I2VA, had the same card."""
+
+    long_prompt = "A red circle moves from left to right on a white background; a high beep each time it bounces"
+    run_folder(tmp_path, "run-t2va", prompt=long_prompt, seed=42, when=1000)
+    run_folder(tmp_path, "run-i2va", prompt="A lighthouse at dusk", seed=42, when=2000, mode="i2va", frames="c")
+    i2va, t2va = (entry.caption() for entry in H.list_entries(tmp_path))
+    assert i2va != t2va
+    assert i2va.splitlines()[1] == "I2VA · A lighthouse at dusk"
+    second = t2va.splitlines()[1]
+    assert second.startswith("T2VA · A red circle moves from left to right") and second.endswith("…")
+    assert len(second) <= 7 + H.CAPTION_PROMPT_CHARS + 1
 
 
 @pytest.mark.parametrize("query, names", [
