@@ -55,6 +55,19 @@ def _fixed(line: str):
     return _error_line(""), _error_line(""), progress_html("idle") if REFUSED in (line or "") else gr.HTML()
 
 
+def _ended_line(record) -> str:
+    """The tick's last line for the job it followed after a reload: how it ended. Results is not switched (the
+    tick has no Results outputs): the job list's *open* shows the run."""
+    if record is None:
+        return progress_html("idle")
+    took = f" in {record.finished - record.started:.1f} s" if record.finished and record.started else ""
+    if record.state == "done":
+        return progress_html(f"#{record.ticket} done{took}: {record.run} ('open' in the job list shows it)", 1.0,
+                             state="done-kept")
+    return progress_html(f"#{record.ticket} {record.state}" + (f": {record.message}" if record.message else ""),
+                         state="cancelled" if record.state == "cancelled" else record.state)
+
+
 def _results_if_done(line: str) -> gr.Tabs:
     """After a page's run: to Results when it made one; a cancel ends the handler too, and stays here."""
     return gr.Tabs(selected="results") if 'data-state="done"' in (line or "") else gr.Tabs()
@@ -243,6 +256,7 @@ def build(ctx: StudioContext) -> None:
     seed.change(lambda value: value == RANDOM_SEED, seed, new_seed, queue=False, api_visibility="private")
 
     streamed: set[str] = set()  # jobs whose Generate stream is open: their page's line is the stream's
+    followed: dict[str, str] = {}  # page (session) -> the job its tick line follows (after a reload)
 
     @one_parameter_per_field
     def generate_run(form_values: dict[str, Any], request: gr.Request):
@@ -352,7 +366,9 @@ def build(ctx: StudioContext) -> None:
         line follows this page's job when no Generate stream does (after a reload)."""
         state = ctx.slot.snapshot()
         mine = [record for record in state.jobs if record.pending and panel.owns(record, request)]
+        page = getattr(request, "session_hash", None) or ""
         if any(record.id in streamed for record in mine):
+            followed.pop(page, None)  # the stream's own last line must stay
             return _status_text(ctx), gr.Button(interactive=True), gr.HTML()
         running = ctx.slot.running_clock()
         line = gr.HTML()
@@ -362,11 +378,16 @@ def build(ctx: StudioContext) -> None:
                 line = (progress_html(CANCELLING, busy=True, state="cancelling") if record.cancel_requested
                         else progress_html(f"#{record.ticket} " + clock.line(now), clock.fraction(now), busy=True,
                                             stages=clock.stages(now)))
+                followed[page] = record.id
                 break
         else:
             if mine:
                 line = progress_html(f"waiting: position {state.position(mine[0].id)} in the queue "
                                       f"({ctx.slot.waiting()} waiting)")
+                followed[page] = mine[0].id
+            elif page in followed:
+                ended = followed.pop(page)
+                line = _ended_line(next((record for record in state.jobs if record.id == ended), None))
         return _status_text(ctx), gr.Button(interactive=bool(mine)), line
 
     timer.tick(page_tick, None, [status, cancel, progress], queue=False, show_progress="hidden",

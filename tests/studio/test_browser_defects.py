@@ -108,6 +108,21 @@ def test_after_a_reload_mid_run_the_progress_line_follows_the_job_and_cancel_is_
     page.wait_for_function("() => document.querySelector('#cancel').disabled", timeout=30_000)
 
 
+def test_after_a_reload_mid_run_the_progress_line_ends_with_the_job(studio, page):
+    """Seen by a newcomer on scripts/demo: after a reload mid-run the line followed the job, and when the job ended
+    it stayed on its last stage ('▸ decode audio') for good while the job list said done."""
+    page.goto(studio.url)
+    page.locator("#job-panel").wait_for()
+    fill(page, "A bell rings twice in an empty hall.", 9631, 12)
+    page.locator("#generate").click()
+    page.locator("#progress").get_by_text(re.compile(r"step \d+/12")).wait_for(timeout=180_000)
+    page.reload()
+    page.locator("#job-panel").wait_for()
+    row(page, 9631).locator("td", has_text=re.compile(r"^done$")).wait_for(timeout=180_000)
+    page.locator("#progress").get_by_text(re.compile(r"#\d+ done in [\d.]+ s: \S+-s9631-")).wait_for(timeout=10_000)
+    assert "▶" not in page.locator("#progress").inner_text()
+
+
 def test_on_a_phone_every_tab_is_in_sight_and_generate_is_well_above_the_bottom_edge(studio, page):
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto(studio.url)
