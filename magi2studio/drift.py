@@ -4,7 +4,8 @@ Inside the image, ``/etc/magi2studio/sbom.cdx.json`` (image/sbom.py) lists every
 distribution and Debian package the build installed. This names every difference: a
 distribution missing, added or at another version; a file whose bytes no longer match the
 sha256 its RECORD holds (pip wrote it at install), or that is gone; a Debian package changed;
-the lock's pins (image/lock.yaml in the image's source tree) against what is installed.
+the lock (image/lock.yaml in the image's source tree) against the sha256 the SBOM records for it,
+and its pins against what is installed.
 ``magi2studio doctor`` reports it and the studio's Environment tab shows the verdict.
 """
 
@@ -178,7 +179,16 @@ def check(sbom_path: Path = SBOM_PATH, lock_path: Path | None = LOCK_PATH,
     check_python(components, drift, path)
     if debian:
         check_debian(components, drift)
-    if lock_path is not None and lock_path.is_file():
+    if lock_path is not None:
+        built_from = _property(sbom.get("metadata", {}), "magi2studio:lock_sha256")
+        if not lock_path.is_file():
+            drift.differences.append(f"{lock_path}: missing (the lock the image was built from)")
+            return drift
+        lock_bytes = lock_path.read_bytes()
+        have = hashlib.sha256(lock_bytes).hexdigest()
+        if built_from and have != built_from:
+            drift.differences.append(f"{lock_path}: sha256 {have}, {built_from} in the SBOM "
+                                     "(the lock the image was built from)")
         platform = _property(sbom.get("metadata", {}), "magi2studio:platform") or "cpu"
-        check_lock(yaml.safe_load(lock_path.read_text(encoding="utf-8")), sbom, drift, platform)
+        check_lock(yaml.safe_load(lock_bytes.decode("utf-8")), sbom, drift, platform)
     return drift

@@ -128,3 +128,29 @@ def test_a_vendored_copy_on_sys_path_is_not_a_distribution_of_its_own(installed,
     found = drift.Drift("test")
     drift.check_python(_sbom(site, reports), found)
     assert found.ok, found.differences
+
+
+def _sbom_with_lock_sha256(tmp_path: Path, lock_bytes: bytes) -> Path:
+    sbom_path = tmp_path / "sbom.cdx.json"
+    sbom_path.write_text(json.dumps({"metadata": {"properties": [
+        {"name": "magi2studio:lock_sha256", "value": hashlib.sha256(lock_bytes).hexdigest()}]}, "components": []}))
+    return sbom_path
+
+
+def test_a_lock_edited_outside_its_pins_or_gone_is_drift(tmp_path):
+    """The image's lock is the one the SBOM recorded (its sha256), not only the six pins check_lock reads;
+    a lock that is gone is not a clean verdict."""
+    built = (ROOT / "image" / "lock.yaml").read_bytes()
+    sbom_path, lock_path = _sbom_with_lock_sha256(tmp_path, built), tmp_path / "lock.yaml"
+
+    def about_the_lock() -> list[str]:
+        found = drift.check(sbom_path, lock_path=lock_path, path=[str(tmp_path)], debian=False)
+        return [line for line in found.differences if line.startswith(str(lock_path))]
+
+    lock_path.write_bytes(built)
+    assert about_the_lock() == []
+    lock_path.write_bytes(built.replace(b"revision: 2dea51b", b"revision: 0000000"))  # the weights' snapshot
+    assert about_the_lock() == [f"{lock_path}: sha256 {hashlib.sha256(lock_path.read_bytes()).hexdigest()}, "
+                                f"{hashlib.sha256(built).hexdigest()} in the SBOM (the lock the image was built from)"]
+    lock_path.unlink()
+    assert about_the_lock() == [f"{lock_path}: missing (the lock the image was built from)"]
