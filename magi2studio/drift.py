@@ -29,9 +29,10 @@ import yaml
 
 SBOM_PATH = Path(os.environ.get("MAGI2STUDIO_SBOM", "/etc/magi2studio/sbom.cdx.json"))
 LOCK_PATH = Path(os.environ.get("MAGI2STUDIO_LOCK", "/opt/magi2studio/src/image/lock.yaml"))
-# (path, size, mtime_ns, inode) -> sha256 of a file already read in this process: a second check
-# (the Environment tab's Refresh) reads only what changed on disk.
-_HASHED: dict[tuple[str, int, int, int], str] = {}
+# (path, size, mtime_ns, ctime_ns, inode) -> sha256 of a file already read in this process: a second
+# check (the Environment tab's Refresh) reads only what changed on disk. The ctime too: a rewrite can
+# keep the size and set the mtime back (os.utime), but no write leaves the ctime as it was.
+_HASHED: dict[tuple[str, int, int, int, int], str] = {}
 
 
 @dataclass
@@ -58,7 +59,7 @@ def canonical(name: str) -> str:
 
 def _sha256_b64(path: Path) -> str:
     stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
     if key not in _HASHED:
         digest = hashlib.sha256()
         with path.open("rb") as handle:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,25 @@ def test_a_lock_edited_outside_its_pins_or_gone_is_drift(tmp_path):
                                 f"{hashlib.sha256(built).hexdigest()} in the SBOM (the lock the image was built from)"]
     lock_path.unlink()
     assert about_the_lock() == [f"{lock_path}: missing (the lock the image was built from)"]
+
+
+def test_a_second_check_sees_a_file_rewritten_in_place_with_its_size_and_mtime_kept(installed):
+    """The Environment tab's Refresh re-checks in the same process: the hash cache must not take an
+    in-place rewrite that keeps the size and resets the mtime (os.utime) for the file it read before."""
+    site, reports, _ = installed
+    components = _sbom(site, reports)
+    target = site / "yaml" / "constructor.py"
+    saved = target.read_bytes()
+    before = target.stat()
+    assert _check(components, site).ok
+    try:
+        time.sleep(0.05)  # the ctime the rewrite sets is a later tick than the one the first check saw
+        with target.open("r+b") as handle:
+            handle.write(b"#" if saved[:1] != b"#" else b"X")
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = target.stat()
+        assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+        assert _check(components, site).differences == ["PyYAML: yaml/constructor.py differs from its RECORD sha256"]
+    finally:
+        target.write_bytes(saved)
+    assert _check(components, site).ok
