@@ -107,6 +107,10 @@ def site_dirs() -> list[str]:
 def check_python(components: list[dict], drift: Drift, path: list[str] | None = None) -> None:
     installed: dict[str, metadata.Distribution] = {}
     for dist in metadata.distributions(path=site_dirs() if path is None else path):
+        if not dist.metadata["Name"]:
+            drift.differences.append(f"a distribution in {dist.locate_file('')} has no Name in its metadata "
+                                     "(a stray or broken .dist-info folder)")
+            continue
         installed.setdefault(canonical(dist.metadata["Name"]), dist)
     listed = {canonical(c["name"]): c for c in components if c.get("purl", "").startswith("pkg:pypi/")}
     drift.distributions = len(listed)

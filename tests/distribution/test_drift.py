@@ -178,3 +178,16 @@ def test_a_second_check_sees_a_file_rewritten_in_place_with_its_size_and_mtime_k
     finally:
         target.write_bytes(saved)
     assert _check(components, site).ok
+
+
+def test_a_distribution_folder_without_a_name_is_a_difference_not_a_traceback(installed, tmp_path):
+    """A stray .dist-info folder (an interrupted uninstall leaves one) has no METADATA Name: doctor named
+    nothing and stopped with a TypeError."""
+    site, reports, _ = installed
+    components = _sbom(site, reports)
+    stray = tmp_path / "site-packages"
+    (stray / "broken-1.0.dist-info").mkdir(parents=True)
+    found = drift.Drift("test")
+    drift.check_python(components, found, path=[str(site), str(stray)])
+    assert found.differences == [f"a distribution in {stray} has no Name in its metadata (a stray or broken "
+                                 ".dist-info folder)"]
