@@ -72,3 +72,37 @@ def test_the_embedded_engine_is_ready_without_a_checkpoint_folder():
     from magi2studio.engines import get_engine
 
     assert get_engine("embedded").not_ready() is None
+
+
+def test_the_server_engine_is_ready_only_while_its_vllm_omni_server_answers():
+    """``engine: vllm-omni-server`` runs nothing itself: with its server down, no job can run, so
+    /health/ready must not say ready (it inherited the embedded engine's 'always ready')."""
+    import http.server
+    import threading
+
+    from magi2studio.engines import get_engine
+
+    down = get_engine("vllm-omni-server", server_url=f"http://127.0.0.1:{free_port()}")
+    reason = down.not_ready()
+    assert reason is not None and "not reachable" in reason and "\n" not in reason
+
+    class Serving(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = {"/health": b"{}", "/v1/models": b'{"data": [{"id": "/models/MAGI-2-preview"}]}'}[self.path]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Serving)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        up = get_engine("vllm-omni-server", server_url=f"http://127.0.0.1:{server.server_address[1]}")
+        assert up.not_ready() is None
+    finally:
+        server.shutdown()
+        server.server_close()
