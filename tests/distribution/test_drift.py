@@ -191,3 +191,14 @@ def test_a_distribution_folder_without_a_name_is_a_difference_not_a_traceback(in
     drift.check_python(components, found, path=[str(site), str(stray)])
     assert found.differences == [f"a distribution in {stray} has no Name in its metadata (a stray or broken "
                                  ".dist-info folder)"]
+
+
+@pytest.mark.parametrize("text", ["schema: 1\n", "pip: [unclosed\n", "- a list\n"])
+def test_a_lock_that_cannot_be_read_is_a_difference_not_a_traceback(tmp_path, text):
+    """doctor (and the Environment tab) named nothing and stopped with a KeyError or a YAML error."""
+    sbom_path, lock_path = _sbom_with_lock_sha256(tmp_path, text.encode()), tmp_path / "lock.yaml"
+    lock_path.write_text(text)
+    found = drift.check(sbom_path, lock_path=lock_path, path=[str(tmp_path)], debian=False)
+    assert len(found.differences) == 1 and found.differences[0].startswith(f"{lock_path}: cannot be read ("), \
+        found.differences
+    assert "\n" not in found.differences[0]  # doctor prints one difference a line
