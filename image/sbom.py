@@ -72,6 +72,12 @@ def python_components(report_dir: Path, path: list[str] | None = None) -> list[d
         else:
             origin = "local source tree" if key == "magi2studio" else "base image"
         component["properties"] = [{"name": "magi2studio:origin", "value": origin}]
+        # RECORD vouches for the installed files but sits beside them: its own sha256 lets the drift
+        # check (magi2studio/drift.py) tell a reinstall of another build of this version, or an edit of both.
+        record = dist.read_text("RECORD")
+        if record is not None:
+            component["properties"].append({"name": "magi2studio:record_sha256",
+                                            "value": hashlib.sha256(record.encode("utf-8")).hexdigest()})
         # Files install.sh removed on purpose (vLLM's CUDA kernels on cpu): RECORD lists them.
         gone = sorted(path for path in removed if any(str(f) == path for f in dist.files or ()))
         if gone:

@@ -3,9 +3,10 @@
 Inside the image, ``/etc/magi2studio/sbom.cdx.json`` (image/sbom.py) lists every Python
 distribution and Debian package the build installed. This names every difference: a
 distribution missing, added or at another version; a file whose bytes no longer match the
-sha256 its RECORD holds (pip wrote it at install), or that is gone; a Debian package changed;
-the lock (image/lock.yaml in the image's source tree) against the sha256 the SBOM records for it,
-and its pins against what is installed.
+sha256 its RECORD holds (pip wrote it at install), or that is gone; a RECORD other than the one
+whose sha256 the SBOM holds (a reinstall of another build of the same version rewrites it); a
+Debian package changed; the lock (image/lock.yaml in the image's source tree) against the sha256
+the SBOM records for it, and its pins against what is installed.
 ``magi2studio doctor`` reports it and the studio's Environment tab shows the verdict.
 """
 
@@ -126,6 +127,11 @@ def check_python(components: list[dict], drift: Drift, path: list[str] | None = 
             drift.differences.append(f"{component['name']}: version {dist.version} installed, "
                                      f"{component['version']} in the SBOM")
             continue
+        built_record = _property(component, "magi2studio:record_sha256")
+        record = dist.read_text("RECORD")
+        if built_record and record is not None and hashlib.sha256(record.encode("utf-8")).hexdigest() != built_record:
+            drift.differences.append(f"{component['name']}: its RECORD differs from the one the image was built with "
+                                     "(a reinstall or an edit; its files were checked against the new one)")
         gone = set(_property(component, "magi2studio:removed_files").split())
         checked, found = record_differences(dist, gone)
         drift.files_checked += checked

@@ -3,6 +3,7 @@ installed into a folder, then changed file by file; every difference is named, n
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -202,3 +203,28 @@ def test_a_lock_that_cannot_be_read_is_a_difference_not_a_traceback(tmp_path, te
     assert len(found.differences) == 1 and found.differences[0].startswith(f"{lock_path}: cannot be read ("), \
         found.differences
     assert "\n" not in found.differences[0]  # doctor prints one difference a line
+
+
+def test_a_file_changed_with_its_record_rewritten_to_match_is_drift(installed):
+    """RECORD lives beside the files it vouches for: a reinstall of another build of the same version
+    (pip rewrites RECORD) or an edit of both passed as 'drift: none'. The SBOM holds each RECORD's sha256."""
+    site, reports, _ = installed
+    components = _sbom(site, reports)
+    target = site / "yaml" / "constructor.py"
+    record = next(site.glob("[Pp]y[Yy][Aa][Mm][Ll]-*.dist-info")) / "RECORD"
+    saved = {path: path.read_bytes() for path in (target, record)}
+    try:
+        patched = saved[target] + b"\n# patched\n"
+        target.write_bytes(patched)
+        new_hash = base64.urlsafe_b64encode(hashlib.sha256(patched).digest()).rstrip(b"=").decode()
+        row_of_target = f"yaml/constructor.py,sha256={new_hash},{len(patched)}"
+        rows = [row_of_target if row.startswith("yaml/constructor.py,") else row
+                for row in saved[record].decode().splitlines()]
+        record.write_text("\n".join(rows) + "\n")
+        assert _check(components, site).differences == [
+            "PyYAML: its RECORD differs from the one the image was built with (a reinstall or an edit; "
+            "its files were checked against the new one)"]
+    finally:
+        for path, data in saved.items():
+            path.write_bytes(data)
+    assert _check(components, site).ok
