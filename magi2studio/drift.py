@@ -176,6 +176,20 @@ def check_lock(lock: dict, sbom: dict, drift: Drift, platform: str) -> None:
             drift.differences.append(f"{name}: {have or 'absent'} in the SBOM, {pin} in image/lock.yaml")
 
 
+def _shape_problem(sbom: Any) -> str | None:
+    """What keeps the checks from reading this document as image/sbom.py writes it, or None."""
+    if not isinstance(sbom, dict) or not isinstance(sbom.get("metadata", {}), dict):
+        return "not a CycloneDX document with a metadata object"
+    components = sbom.get("components", [])
+    if not isinstance(components, list) or not all(isinstance(c, dict) for c in components):
+        return "its components are not a list of objects"
+    for component in components:
+        if str(component.get("purl", "")).startswith(("pkg:pypi/", "pkg:deb/")) and not (
+                isinstance(component.get("name"), str) and isinstance(component.get("version"), str)):
+            return f"component {component.get('purl')} has no name or version"
+    return None
+
+
 def check(sbom_path: Path = SBOM_PATH, lock_path: Path | None = LOCK_PATH,
           path: list[str] | None = None, debian: bool = True) -> Drift | None:
     """The drift verdict, or None where there is no SBOM (not running in the magi2studio image)."""
@@ -185,6 +199,9 @@ def check(sbom_path: Path = SBOM_PATH, lock_path: Path | None = LOCK_PATH,
         return None
     except (OSError, ValueError) as err:
         return Drift(str(sbom_path), differences=[f"the SBOM cannot be read ({err.__class__.__name__}: {err})"])
+    problem = _shape_problem(sbom)
+    if problem:
+        return Drift(str(sbom_path), differences=[f"the SBOM cannot be read ({problem})"])
     drift = Drift(str(sbom_path))
     components = sbom.get("components", [])
     check_python(components, drift, path)

@@ -228,3 +228,13 @@ def test_a_file_changed_with_its_record_rewritten_to_match_is_drift(installed):
         for path, data in saved.items():
             path.write_bytes(data)
     assert _check(components, site).ok
+
+
+@pytest.mark.parametrize("document", [[], {"components": {"a": 1}}, {"components": [{"purl": "pkg:pypi/x@1"}]},
+                                      {"components": [], "metadata": []}])
+def test_an_sbom_of_another_shape_is_a_difference_not_a_traceback(tmp_path, document):
+    """Valid JSON that is not the SBOM image/sbom.py writes: doctor stopped with an AttributeError or a KeyError."""
+    sbom_path = tmp_path / "sbom.cdx.json"
+    sbom_path.write_text(json.dumps(document))
+    found = drift.check(sbom_path, lock_path=None, path=[str(tmp_path)], debian=False)
+    assert not found.ok and found.differences[0].startswith("the SBOM cannot be read ("), found.differences
