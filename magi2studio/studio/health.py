@@ -1,7 +1,7 @@
 """The studio's health endpoints, apart as vLLM, NIM and Triton keep them.
 
 ``/health/live``: the process answers (an orchestrator restarts it when this fails).
-``/health/ready``: the engine can take a job: the slot is open and the engine's own check
+``/health/ready``: the engine can take a job: the slot is open, its worker runs, and the engine's own check
 (``Engine.not_ready``: weights checked, engine startable) passes; 503 with the reason when not.
 The image's HEALTHCHECK and compose probe readiness. No login guards them: a probe has none.
 """
@@ -21,6 +21,8 @@ READY = "/health/ready"
 def not_ready(ctx: StudioContext) -> str | None:
     if ctx.slot.closed:
         return "the studio is shutting down"
+    if not ctx.slot.serving:
+        return "the engine slot's worker stopped (its error is in the studio's log): no job runs; restart the studio"
     return ctx.engine.not_ready()
 
 

@@ -127,6 +127,11 @@ class EngineSlot:
         """True once ``close`` began: the slot takes no job (the studio's /health/ready says so)."""
         return self._closed
 
+    @property
+    def serving(self) -> bool:
+        """True while the worker thread that runs every job lives (an error it did not expect ends it)."""
+        return self._thread.is_alive()
+
     def snapshot(self) -> QueueState:
         """The queue as last read or written (the worker re-reads it when another process changes it)."""
         with self._cond:
