@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from .run_folder import provenance
+
 SBOM_PATH = Path(os.environ.get("MAGI2STUDIO_SBOM", "/etc/magi2studio/sbom.cdx.json"))
 LOCK_PATH = Path(os.environ.get("MAGI2STUDIO_LOCK", "/opt/magi2studio/src/image/lock.yaml"))
 # (path, size, mtime_ns, ctime_ns, inode) -> sha256 of a file already read in this process: a second
@@ -191,11 +193,15 @@ def _shape_problem(sbom: Any) -> str | None:
 
 
 def check(sbom_path: Path = SBOM_PATH, lock_path: Path | None = LOCK_PATH,
-          path: list[str] | None = None, debian: bool = True) -> Drift | None:
-    """The drift verdict, or None where there is no SBOM (not running in the magi2studio image)."""
+          path: list[str] | None = None, debian: bool = True,
+          build_info_path: Path = provenance.BUILD_INFO_PATH) -> Drift | None:
+    """The drift verdict, or None where there is no SBOM and no build info (not running in the magi2studio image)."""
     try:
         sbom = json.loads(sbom_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if build_info_path.is_file():  # the image, which writes both: its SBOM is gone
+            return Drift(str(sbom_path), differences=[f"the SBOM {sbom_path} is missing, though this is the "
+                                                      f"magi2studio image ({build_info_path} is there)"])
         return None
     except (OSError, ValueError) as err:
         return Drift(str(sbom_path), differences=[f"the SBOM cannot be read ({err.__class__.__name__}: {err})"])

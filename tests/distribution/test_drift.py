@@ -238,3 +238,14 @@ def test_an_sbom_of_another_shape_is_a_difference_not_a_traceback(tmp_path, docu
     sbom_path.write_text(json.dumps(document))
     found = drift.check(sbom_path, lock_path=None, path=[str(tmp_path)], debian=False)
     assert not found.ok and found.differences[0].startswith("the SBOM cannot be read ("), found.differences
+
+
+def test_a_missing_sbom_inside_the_image_is_a_difference_not_not_checked(tmp_path):
+    """Outside the image there is no SBOM ('not checked'); in it (build-info.json is there) an SBOM that is gone
+    was also 'not checked (not running in the magi2studio image)', which the image was."""
+    build_info = tmp_path / "build-info.json"
+    assert drift.check(tmp_path / "no-sbom.json", build_info_path=build_info) is None
+    build_info.write_text("{}")
+    found = drift.check(tmp_path / "no-sbom.json", build_info_path=build_info, debian=False)
+    assert found.differences == [f"the SBOM {tmp_path / 'no-sbom.json'} is missing, though this is the magi2studio "
+                                 f"image ({build_info} is there)"]
