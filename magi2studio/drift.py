@@ -32,10 +32,10 @@ from .run_folder import provenance
 
 SBOM_PATH = Path(os.environ.get("MAGI2STUDIO_SBOM", "/etc/magi2studio/sbom.cdx.json"))
 LOCK_PATH = Path(os.environ.get("MAGI2STUDIO_LOCK", "/opt/magi2studio/src/image/lock.yaml"))
-# (path, size, mtime_ns, ctime_ns, inode) -> sha256 of a file already read in this process: a second
-# check (the Environment tab's Refresh) reads only what changed on disk. The ctime too: a rewrite can
-# keep the size and set the mtime back (os.utime), but no write leaves the ctime as it was.
-_HASHED: dict[tuple[str, int, int, int, int], str] = {}
+# (path, size, mtime_ns, ctime_ns, inode, algorithm) -> digest of a file already read in this process: a
+# second check (the Environment tab's Refresh) reads only what changed on disk. The ctime too: a rewrite
+# can keep the size and set the mtime back (os.utime), but no write leaves the ctime as it was.
+_HASHED: dict[tuple[str, int, int, int, int, str], str] = {}
 
 
 @dataclass
@@ -60,11 +60,12 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _sha256_b64(path: Path) -> str:
+def _digest_b64(path: Path, algorithm: str) -> str:
+    """The file's digest as RECORD writes it (urlsafe base64, no padding)."""
     stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, algorithm)
     if key not in _HASHED:
-        digest = hashlib.sha256()
+        digest = hashlib.new(algorithm)
         with path.open("rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
@@ -72,25 +73,37 @@ def _sha256_b64(path: Path) -> str:
     return _HASHED[key]
 
 
+# Rows RECORD may leave without a hash: itself and its signatures, and byte code (pip's spec allows it).
+_UNHASHED_NAMES = ("RECORD", "RECORD.jws", "RECORD.p7s")
+# The wheel spec's hashes: sha256 or stronger (md5 and sha1 are refused, so they are not verified here).
+_RECORD_ALGORITHMS = ("sha224", "sha256", "sha384", "sha512", "sha3_256", "sha3_384", "sha3_512", "blake2b",
+                      "blake2s")
+
+
 def record_differences(dist: metadata.Distribution, expected_gone: set[str]) -> tuple[int, list[str]]:
-    """Each file of the distribution's RECORD that is gone or whose sha256 differs; (files checked, findings)."""
+    """Each file of the distribution's RECORD that is gone, differs from its hash, or has none; (checked, findings)."""
     text = dist.read_text("RECORD")
     if text is None:
         return 0, [f"{dist.metadata['Name']}: no RECORD file (cannot verify its files)"]
     base = Path(dist.locate_file(""))
     checked, found = 0, []
     for row in csv.reader(io.StringIO(text)):
-        if len(row) < 2 or not row[1].startswith("sha256="):
-            continue  # RECORD itself, and byte code pip did not hash
-        relative, want = row[0], row[1].removeprefix("sha256=")
-        path = base / relative
-        if relative in expected_gone:
+        if not row or row[0] in expected_gone:
             continue
+        relative = row[0]
+        algorithm, _, want = (row[1] if len(row) > 1 else "").partition("=")
+        if not want:
+            if not (relative.endswith(".pyc") or Path(relative).name in _UNHASHED_NAMES):
+                found.append(f"{dist.metadata['Name']}: {relative} has no hash in its RECORD (cannot verify it)")
+            continue
+        path = base / relative
         checked += 1
         if not path.is_file():
             found.append(f"{dist.metadata['Name']}: {relative} is missing")
-        elif _sha256_b64(path) != want:
-            found.append(f"{dist.metadata['Name']}: {relative} differs from its RECORD sha256")
+        elif algorithm not in _RECORD_ALGORITHMS:
+            found.append(f"{dist.metadata['Name']}: {relative} has a {algorithm} hash in its RECORD (cannot verify it)")
+        elif _digest_b64(path, algorithm) != want:
+            found.append(f"{dist.metadata['Name']}: {relative} differs from its RECORD {algorithm}")
     return checked, found
 
 

@@ -249,3 +249,33 @@ def test_a_missing_sbom_inside_the_image_is_a_difference_not_not_checked(tmp_pat
     found = drift.check(tmp_path / "no-sbom.json", build_info_path=build_info, debian=False)
     assert found.differences == [f"the SBOM {tmp_path / 'no-sbom.json'} is missing, though this is the magi2studio "
                                  f"image ({build_info} is there)"]
+
+
+def test_a_record_row_without_a_sha256_is_checked_or_named_never_skipped(installed):
+    """A RECORD row with another algorithm's hash, or none, for a file that is not byte code nor RECORD itself
+    was skipped: the file was neither checked nor counted, and the verdict could be 'none'."""
+    site, reports, _ = installed
+    target = site / "yaml" / "constructor.py"
+    record = next(site.glob("[Pp]y[Yy][Aa][Mm][Ll]-*.dist-info")) / "RECORD"
+    saved = {path: path.read_bytes() for path in (target, record)}
+
+    def with_row(row_of_target: str) -> None:
+        record.write_text("\n".join(row_of_target if row.startswith("yaml/constructor.py,") else row
+                                    for row in saved[record].decode().splitlines()) + "\n")
+
+    sha512 = base64.urlsafe_b64encode(hashlib.sha512(saved[target]).digest()).rstrip(b"=").decode()
+    components = [{k: v for k, v in c.items() if k != "properties"} for c in _sbom(site, reports)]
+    try:
+        checked_before = _check(components, site).files_checked
+        with_row(f"yaml/constructor.py,sha512={sha512},{len(saved[target])}")
+        found = _check(components, site)
+        assert found.ok and found.files_checked == checked_before, found.differences
+        target.write_bytes(saved[target] + b"\n# patched\n")
+        assert _check(components, site).differences == ["PyYAML: yaml/constructor.py differs from its RECORD sha512"]
+        with_row(f"yaml/constructor.py,,{len(saved[target])}")
+        assert _check(components, site).differences == [
+            "PyYAML: yaml/constructor.py has no hash in its RECORD (cannot verify it)"]
+    finally:
+        for path, data in saved.items():
+            path.write_bytes(data)
+    assert _check(components, site).ok
