@@ -108,6 +108,10 @@ def sbom(args: argparse.Namespace) -> dict:
                   {"name": "magi2studio:base_image_digest", "value": args.base_digest}]
     if args.vllm_omni_commit:
         properties.append({"name": "magi2studio:vllm_omni_commit", "value": args.vllm_omni_commit})
+    # The files in the site folders no RECORD lists (musa's torchada .pth, say): drift names any other.
+    from magi2studio.drift import site_dirs, unrecorded_files
+
+    properties.append({"name": "magi2studio:unrecorded_files", "value": "\n".join(unrecorded_files(site_dirs()))})
     document = {
         "bomFormat": "CycloneDX",
         "specVersion": "1.5",

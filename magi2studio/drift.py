@@ -6,7 +6,8 @@ distribution missing, added or at another version; a file whose bytes no longer 
 sha256 its RECORD holds (pip wrote it at install), or that is gone; a RECORD other than the one
 whose sha256 the SBOM holds (a reinstall of another build of the same version rewrites it); a
 Debian package changed; the lock (image/lock.yaml in the image's source tree) against the sha256
-the SBOM records for it, and its pins against what is installed.
+the SBOM records for it, and its pins against what is installed; a file in a site folder that no
+RECORD lists and the build did not leave (a ``.pth`` runs at every start). Byte code is not checked.
 ``magi2studio doctor`` reports it and the studio's Environment tab shows the verdict.
 """
 
@@ -153,6 +154,32 @@ def check_python(components: list[dict], drift: Drift, path: list[str] | None = 
         drift.differences += found
 
 
+def unrecorded_files(sites: list[str]) -> list[str]:
+    """Every file in the site folders that no distribution's RECORD lists, byte code caches aside.
+
+    Python runs some of these at start (a ``.pth`` line, ``sitecustomize.py``); no RECORD vouches for them,
+    so the SBOM lists the ones the build left (image/sbom.py) and a new one is drift.
+    """
+    listed = {os.path.normpath(dist.locate_file(file)) for dist in metadata.distributions(path=sites)
+              for file in dist.files or ()}
+    found = []
+    for site in sites:
+        for folder, subfolders, names in os.walk(site):
+            subfolders[:] = sorted(name for name in subfolders if name != "__pycache__")
+            found += [path for name in names if (path := os.path.normpath(os.path.join(folder, name))) not in listed]
+    return sorted(found)
+
+
+def check_unrecorded(sbom: dict, drift: Drift, path: list[str] | None = None) -> None:
+    """Files in the site folders in no RECORD that the build did not leave (the SBOM lists those it did)."""
+    built = next((p["value"] for p in sbom.get("metadata", {}).get("properties", [])
+                  if p.get("name") == "magi2studio:unrecorded_files"), None)
+    if built is None:
+        return  # an SBOM from before the list was kept
+    for added in sorted(set(unrecorded_files(site_dirs() if path is None else path)) - set(built.splitlines())):
+        drift.differences.append(f"{added}: in a site folder but in no RECORD, and not there when the image was built")
+
+
 def check_debian(components: list[dict], drift: Drift) -> None:
     listed = {c["name"]: c["version"] for c in components if c.get("purl", "").startswith("pkg:deb/")}
     if not listed:
@@ -224,6 +251,7 @@ def check(sbom_path: Path = SBOM_PATH, lock_path: Path | None = LOCK_PATH,
     drift = Drift(str(sbom_path))
     components = sbom.get("components", [])
     check_python(components, drift, path)
+    check_unrecorded(sbom, drift, path)
     if debian:
         check_debian(components, drift)
     if lock_path is not None:

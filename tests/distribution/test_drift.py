@@ -279,3 +279,22 @@ def test_a_record_row_without_a_sha256_is_checked_or_named_never_skipped(install
         for path, data in saved.items():
             path.write_bytes(data)
     assert _check(components, site).ok
+
+
+def test_a_file_added_to_a_site_folder_outside_every_record_is_drift(installed, tmp_path):
+    """A .pth line runs at every start; no RECORD lists an added one, so every RECORD check passed it."""
+    site, reports, _ = installed
+    sbom_path = tmp_path / "sbom.cdx.json"
+    sbom_path.write_text(json.dumps({"components": _sbom(site, reports), "metadata": {"properties": [
+        {"name": "magi2studio:unrecorded_files", "value": "\n".join(drift.unrecorded_files([str(site)]))}]}}))
+    assert drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False).ok
+    added = site / "zz-added.pth"
+    try:
+        added.write_text("import os\n")
+        (site / "yaml" / "__pycache__").mkdir(exist_ok=True)  # byte code caches are not counted
+        found = drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False)
+        assert found.differences == [f"{added}: in a site folder but in no RECORD, and not there when the image "
+                                     "was built"]
+    finally:
+        added.unlink()
+    assert drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False).ok
