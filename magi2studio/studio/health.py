@@ -33,7 +33,10 @@ def routes(ctx: StudioContext) -> list[Route]:
         return JSONResponse({"live": True})
 
     def ready(_: Request) -> JSONResponse:  # sync: Starlette runs it in a thread (the weights check reads files)
-        reason = not_ready(ctx)
+        try:
+            reason = not_ready(ctx)
+        except OSError as err:  # a file the weights check may not read: not ready, and why, not a 500
+            reason = f"readiness could not be checked ({err.__class__.__name__}: {' '.join(str(err).split())})"
         return JSONResponse({"ready": reason is None, "reason": reason}, status_code=200 if reason is None else 503)
 
     return [Route(LIVE, live, methods=["GET", "HEAD"]), Route(READY, ready, methods=["GET", "HEAD"])]

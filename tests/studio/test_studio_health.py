@@ -143,3 +143,27 @@ def test_readiness_turns_false_when_the_slots_worker_has_stopped(tmp_path):
         assert reason is not None and "worker stopped" in reason, reason
     finally:
         slot.close()
+
+
+def test_readiness_that_cannot_be_checked_is_a_503_with_one_line_not_a_500(tmp_path):
+    """The weights check reads every shard's header: a file it may not read raised PermissionError, and the
+    probe got Starlette's 500 with a traceback in the log instead of a reason."""
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from magi2studio.studio import health
+
+    class Unreadable:
+        def not_ready(self):
+            raise PermissionError(13, "Permission denied", "/models/MAGI-2-preview/dit/model-00001.safetensors")
+
+    ctx = SimpleNamespace(slot=SimpleNamespace(closed=False, serving=True), engine=Unreadable())
+    with TestClient(Starlette(routes=health.routes(ctx)), raise_server_exceptions=False) as client:
+        response = client.get(health.READY)
+    assert response.status_code == 503, response.text
+    body = response.json()
+    assert body["ready"] is False and "\n" not in body["reason"]
+    assert body["reason"].startswith("readiness could not be checked (PermissionError: ") and "model-00001" in \
+        body["reason"]
