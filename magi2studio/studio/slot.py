@@ -29,7 +29,7 @@ from ..engines.base import Engine, Plan, Progress
 from ..errors import InputError
 from ..jobs.eta import RunHistory
 from ..jobs.jobqueue import JobQueue, JobRecord, QueueState, queue_full
-from ..jobs.runner import RunnerLock, execute_job, plan_record
+from ..jobs.runner import RunnerLock, execute_job, failure_line, plan_record
 from ..jobs.stage_clock import StageClock
 from ..vocabulary.layouts import Layout
 from ..vocabulary.request import Request
@@ -335,6 +335,10 @@ class EngineSlot:
                     plan = plan_record(self.engine, record)
                 except InputError as err:
                     self._finish(record, None, "refused", str(err))
+                    continue
+                except Exception as err:  # the engine, not the request: this job fails, the worker goes on
+                    log.exception("job %d could not be planned", record.ticket)
+                    self._finish(record, None, "failed", failure_line(err))
                     continue
                 job = Job(record.ticket, record.owner, plan, record.id, submitted=record.submitted)
             with self._cond:

@@ -109,9 +109,8 @@ def test_the_server_engine_is_ready_only_while_its_vllm_omni_server_answers():
 
 
 def test_readiness_turns_false_when_the_slots_worker_has_stopped(tmp_path):
-    """The slot's one worker thread runs every job; an error it does not expect (here the engine's plan
-    raising other than InputError for a job another process queued) ends it, and nothing runs again.
-    /health/ready said ready all the same."""
+    """The slot's one worker thread runs every job; an error it does not expect (here claiming a job from the
+    queue file) ends it, and nothing runs again. /health/ready said ready all the same."""
     import time
     from types import SimpleNamespace
 
@@ -120,20 +119,21 @@ def test_readiness_turns_false_when_the_slots_worker_has_stopped(tmp_path):
     from magi2studio.studio.slot import EngineSlot
     from magi2studio.vocabulary.request import build_request
 
-    class PlanFails:
+    class Idle:
         name, layout = "stand-in", None
-
-        def plan(self, request, layout):
-            raise RuntimeError("the engine's capability probe failed")
 
         def not_ready(self):
             return None
 
-    engine = PlanFails()
+    def claim_fails():
+        raise RuntimeError("an error the worker does not expect")
+
+    engine = Idle()
     slot = EngineSlot(engine, tmp_path)
     ctx = SimpleNamespace(slot=slot, engine=engine)
     try:
         assert health.not_ready(ctx) is None
+        slot.queue.claim_next = claim_fails
         JobQueue(tmp_path).add(build_request(prompt="a kite", seed=1, steps=2).model_dump(mode="json"), "sp1-cfg1",
                                owner="cli", source="cli")
         deadline = time.monotonic() + 30
