@@ -72,6 +72,12 @@ def python_components(report_dir: Path, path: list[str] | None = None) -> list[d
         else:
             origin = "local source tree" if key == "magi2studio" else "base image"
         component["properties"] = [{"name": "magi2studio:origin", "value": origin}]
+        # RECORD vouches for the installed files but sits beside them: its own sha256 lets the drift
+        # check (magi2studio/drift.py) tell a reinstall of another build of this version, or an edit of both.
+        record = dist.read_text("RECORD")
+        if record is not None:
+            component["properties"].append({"name": "magi2studio:record_sha256",
+                                            "value": hashlib.sha256(record.encode("utf-8")).hexdigest()})
         # Files install.sh removed on purpose (vLLM's CUDA kernels on cpu): RECORD lists them.
         gone = sorted(path for path in removed if any(str(f) == path for f in dist.files or ()))
         if gone:
@@ -102,6 +108,10 @@ def sbom(args: argparse.Namespace) -> dict:
                   {"name": "magi2studio:base_image_digest", "value": args.base_digest}]
     if args.vllm_omni_commit:
         properties.append({"name": "magi2studio:vllm_omni_commit", "value": args.vllm_omni_commit})
+    # The files in the site folders no RECORD lists (musa's torchada .pth, say): drift names any other.
+    from magi2studio.drift import site_dirs, unrecorded_files
+
+    properties.append({"name": "magi2studio:unrecorded_files", "value": "\n".join(unrecorded_files(site_dirs()))})
     document = {
         "bomFormat": "CycloneDX",
         "specVersion": "1.5",

@@ -3,8 +3,11 @@
 Inside the image, ``/etc/magi2studio/sbom.cdx.json`` (image/sbom.py) lists every Python
 distribution and Debian package the build installed. This names every difference: a
 distribution missing, added or at another version; a file whose bytes no longer match the
-sha256 its RECORD holds (pip wrote it at install), or that is gone; a Debian package changed;
-the lock's pins (image/lock.yaml in the image's source tree) against what is installed.
+sha256 its RECORD holds (pip wrote it at install), or that is gone; a RECORD other than the one
+whose sha256 the SBOM holds (a reinstall of another build of the same version rewrites it); a
+Debian package changed; the lock (image/lock.yaml in the image's source tree) against the sha256
+the SBOM records for it, and its pins against what is installed; a file in a site folder that no
+RECORD lists and the build did not leave (a ``.pth`` runs at every start). Byte code is not checked.
 ``magi2studio doctor`` reports it and the studio's Environment tab shows the verdict.
 """
 
@@ -26,11 +29,14 @@ from typing import Any
 
 import yaml
 
+from .run_folder import provenance
+
 SBOM_PATH = Path(os.environ.get("MAGI2STUDIO_SBOM", "/etc/magi2studio/sbom.cdx.json"))
 LOCK_PATH = Path(os.environ.get("MAGI2STUDIO_LOCK", "/opt/magi2studio/src/image/lock.yaml"))
-# (path, size, mtime_ns, inode) -> sha256 of a file already read in this process: a second check
-# (the Environment tab's Refresh) reads only what changed on disk.
-_HASHED: dict[tuple[str, int, int, int], str] = {}
+# (path, size, mtime_ns, ctime_ns, inode, algorithm) -> digest of a file already read in this process: a
+# second check (the Environment tab's Refresh) reads only what changed on disk. The ctime too: a rewrite
+# can keep the size and set the mtime back (os.utime), but no write leaves the ctime as it was.
+_HASHED: dict[tuple[str, int, int, int, int, str], str] = {}
 
 
 @dataclass
@@ -55,11 +61,12 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _sha256_b64(path: Path) -> str:
+def _digest_b64(path: Path, algorithm: str) -> str:
+    """The file's digest as RECORD writes it (urlsafe base64, no padding)."""
     stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, algorithm)
     if key not in _HASHED:
-        digest = hashlib.sha256()
+        digest = hashlib.new(algorithm)
         with path.open("rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
@@ -67,25 +74,37 @@ def _sha256_b64(path: Path) -> str:
     return _HASHED[key]
 
 
+# Rows RECORD may leave without a hash: itself and its signatures, and byte code (pip's spec allows it).
+_UNHASHED_NAMES = ("RECORD", "RECORD.jws", "RECORD.p7s")
+# The wheel spec's hashes: sha256 or stronger (md5 and sha1 are refused, so they are not verified here).
+_RECORD_ALGORITHMS = ("sha224", "sha256", "sha384", "sha512", "sha3_256", "sha3_384", "sha3_512", "blake2b",
+                      "blake2s")
+
+
 def record_differences(dist: metadata.Distribution, expected_gone: set[str]) -> tuple[int, list[str]]:
-    """Each file of the distribution's RECORD that is gone or whose sha256 differs; (files checked, findings)."""
+    """Each file of the distribution's RECORD that is gone, differs from its hash, or has none; (checked, findings)."""
     text = dist.read_text("RECORD")
     if text is None:
         return 0, [f"{dist.metadata['Name']}: no RECORD file (cannot verify its files)"]
     base = Path(dist.locate_file(""))
     checked, found = 0, []
     for row in csv.reader(io.StringIO(text)):
-        if len(row) < 2 or not row[1].startswith("sha256="):
-            continue  # RECORD itself, and byte code pip did not hash
-        relative, want = row[0], row[1].removeprefix("sha256=")
-        path = base / relative
-        if relative in expected_gone:
+        if not row or row[0] in expected_gone:
             continue
+        relative = row[0]
+        algorithm, _, want = (row[1] if len(row) > 1 else "").partition("=")
+        if not want:
+            if not (relative.endswith(".pyc") or Path(relative).name in _UNHASHED_NAMES):
+                found.append(f"{dist.metadata['Name']}: {relative} has no hash in its RECORD (cannot verify it)")
+            continue
+        path = base / relative
         checked += 1
         if not path.is_file():
             found.append(f"{dist.metadata['Name']}: {relative} is missing")
-        elif _sha256_b64(path) != want:
-            found.append(f"{dist.metadata['Name']}: {relative} differs from its RECORD sha256")
+        elif algorithm not in _RECORD_ALGORITHMS:
+            found.append(f"{dist.metadata['Name']}: {relative} has a {algorithm} hash in its RECORD (cannot verify it)")
+        elif _digest_b64(path, algorithm) != want:
+            found.append(f"{dist.metadata['Name']}: {relative} differs from its RECORD {algorithm}")
     return checked, found
 
 
@@ -105,6 +124,10 @@ def site_dirs() -> list[str]:
 def check_python(components: list[dict], drift: Drift, path: list[str] | None = None) -> None:
     installed: dict[str, metadata.Distribution] = {}
     for dist in metadata.distributions(path=site_dirs() if path is None else path):
+        if not dist.metadata["Name"]:
+            drift.differences.append(f"a distribution in {dist.locate_file('')} has no Name in its metadata "
+                                     "(a stray or broken .dist-info folder)")
+            continue
         installed.setdefault(canonical(dist.metadata["Name"]), dist)
     listed = {canonical(c["name"]): c for c in components if c.get("purl", "").startswith("pkg:pypi/")}
     drift.distributions = len(listed)
@@ -120,10 +143,41 @@ def check_python(components: list[dict], drift: Drift, path: list[str] | None = 
             drift.differences.append(f"{component['name']}: version {dist.version} installed, "
                                      f"{component['version']} in the SBOM")
             continue
+        built_record = _property(component, "magi2studio:record_sha256")
+        record = dist.read_text("RECORD")
+        if built_record and record is not None and hashlib.sha256(record.encode("utf-8")).hexdigest() != built_record:
+            drift.differences.append(f"{component['name']}: its RECORD differs from the one the image was built with "
+                                     "(a reinstall or an edit; its files were checked against the new one)")
         gone = set(_property(component, "magi2studio:removed_files").split())
         checked, found = record_differences(dist, gone)
         drift.files_checked += checked
         drift.differences += found
+
+
+def unrecorded_files(sites: list[str]) -> list[str]:
+    """Every file in the site folders that no distribution's RECORD lists, byte code caches aside.
+
+    Python runs some of these at start (a ``.pth`` line, ``sitecustomize.py``); no RECORD vouches for them,
+    so the SBOM lists the ones the build left (image/sbom.py) and a new one is drift.
+    """
+    listed = {os.path.normpath(dist.locate_file(file)) for dist in metadata.distributions(path=sites)
+              for file in dist.files or ()}
+    found = []
+    for site in sites:
+        for folder, subfolders, names in os.walk(site):
+            subfolders[:] = sorted(name for name in subfolders if name != "__pycache__")
+            found += [path for name in names if (path := os.path.normpath(os.path.join(folder, name))) not in listed]
+    return sorted(found)
+
+
+def check_unrecorded(sbom: dict, drift: Drift, path: list[str] | None = None) -> None:
+    """Files in the site folders in no RECORD that the build did not leave (the SBOM lists those it did)."""
+    built = next((p["value"] for p in sbom.get("metadata", {}).get("properties", [])
+                  if p.get("name") == "magi2studio:unrecorded_files"), None)
+    if built is None:
+        return  # an SBOM from before the list was kept
+    for added in sorted(set(unrecorded_files(site_dirs() if path is None else path)) - set(built.splitlines())):
+        drift.differences.append(f"{added}: in a site folder but in no RECORD, and not there when the image was built")
 
 
 def check_debian(components: list[dict], drift: Drift) -> None:
@@ -164,21 +218,57 @@ def check_lock(lock: dict, sbom: dict, drift: Drift, platform: str) -> None:
             drift.differences.append(f"{name}: {have or 'absent'} in the SBOM, {pin} in image/lock.yaml")
 
 
+def _shape_problem(sbom: Any) -> str | None:
+    """What keeps the checks from reading this document as image/sbom.py writes it, or None."""
+    if not isinstance(sbom, dict) or not isinstance(sbom.get("metadata", {}), dict):
+        return "not a CycloneDX document with a metadata object"
+    components = sbom.get("components", [])
+    if not isinstance(components, list) or not all(isinstance(c, dict) for c in components):
+        return "its components are not a list of objects"
+    for component in components:
+        if str(component.get("purl", "")).startswith(("pkg:pypi/", "pkg:deb/")) and not (
+                isinstance(component.get("name"), str) and isinstance(component.get("version"), str)):
+            return f"component {component.get('purl')} has no name or version"
+    return None
+
+
 def check(sbom_path: Path = SBOM_PATH, lock_path: Path | None = LOCK_PATH,
-          path: list[str] | None = None, debian: bool = True) -> Drift | None:
-    """The drift verdict, or None where there is no SBOM (not running in the magi2studio image)."""
+          path: list[str] | None = None, debian: bool = True,
+          build_info_path: Path = provenance.BUILD_INFO_PATH) -> Drift | None:
+    """The drift verdict, or None where there is no SBOM and no build info (not running in the magi2studio image)."""
     try:
         sbom = json.loads(sbom_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if build_info_path.is_file():  # the image, which writes both: its SBOM is gone
+            return Drift(str(sbom_path), differences=[f"the SBOM {sbom_path} is missing, though this is the "
+                                                      f"magi2studio image ({build_info_path} is there)"])
         return None
     except (OSError, ValueError) as err:
         return Drift(str(sbom_path), differences=[f"the SBOM cannot be read ({err.__class__.__name__}: {err})"])
+    problem = _shape_problem(sbom)
+    if problem:
+        return Drift(str(sbom_path), differences=[f"the SBOM cannot be read ({problem})"])
     drift = Drift(str(sbom_path))
     components = sbom.get("components", [])
     check_python(components, drift, path)
+    check_unrecorded(sbom, drift, path)
     if debian:
         check_debian(components, drift)
-    if lock_path is not None and lock_path.is_file():
+    if lock_path is not None:
+        built_from = _property(sbom.get("metadata", {}), "magi2studio:lock_sha256")
+        if not lock_path.is_file():
+            drift.differences.append(f"{lock_path}: missing (the lock the image was built from)")
+            return drift
+        lock_bytes = lock_path.read_bytes()
+        have = hashlib.sha256(lock_bytes).hexdigest()
+        if built_from and have != built_from:
+            drift.differences.append(f"{lock_path}: sha256 {have}, {built_from} in the SBOM "
+                                     "(the lock the image was built from)")
         platform = _property(sbom.get("metadata", {}), "magi2studio:platform") or "cpu"
-        check_lock(yaml.safe_load(lock_path.read_text(encoding="utf-8")), sbom, drift, platform)
+        try:
+            check_lock(yaml.safe_load(lock_bytes.decode("utf-8")), sbom, drift, platform)
+        except (ValueError, yaml.YAMLError, LookupError, TypeError, AttributeError) as err:
+            why = " ".join(str(err).split())  # a YAML error spans lines; doctor prints one a difference
+            drift.differences.append(f"{lock_path}: cannot be read ({err.__class__.__name__}: {why}); "
+                                     "its pins were not checked")
     return drift

@@ -29,7 +29,7 @@ from ..engines.base import Engine, Plan, Progress
 from ..errors import InputError
 from ..jobs.eta import RunHistory
 from ..jobs.jobqueue import JobQueue, JobRecord, QueueState, queue_full
-from ..jobs.runner import RunnerLock, execute_job, plan_record
+from ..jobs.runner import RunnerLock, execute_job, failure_line, plan_record
 from ..jobs.stage_clock import StageClock
 from ..vocabulary.layouts import Layout
 from ..vocabulary.request import RANDOM_SEED, Request
@@ -128,6 +128,11 @@ class EngineSlot:
     def closed(self) -> bool:
         """True once ``close`` began: the slot takes no job (the studio's /health/ready says so)."""
         return self._closed
+
+    @property
+    def serving(self) -> bool:
+        """True while the worker thread that runs every job lives (an error it did not expect ends it)."""
+        return self._thread.is_alive()
 
     def snapshot(self) -> QueueState:
         """The queue as last read or written (the worker re-reads it when another process changes it)."""
@@ -355,6 +360,10 @@ class EngineSlot:
                     plan = plan_record(self.engine, record)
                 except InputError as err:
                     self._finish(record, None, "refused", str(err))
+                    continue
+                except Exception as err:  # the engine, not the request: this job fails, the worker goes on
+                    log.exception("job %d could not be planned", record.ticket)
+                    self._finish(record, None, "failed", failure_line(err))
                     continue
                 job = Job(record.ticket, record.owner, plan, record.id, submitted=record.submitted)
             with self._cond:

@@ -3,10 +3,13 @@ installed into a folder, then changed file by file; every difference is named, n
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -128,3 +131,170 @@ def test_a_vendored_copy_on_sys_path_is_not_a_distribution_of_its_own(installed,
     found = drift.Drift("test")
     drift.check_python(_sbom(site, reports), found)
     assert found.ok, found.differences
+
+
+def _sbom_with_lock_sha256(tmp_path: Path, lock_bytes: bytes) -> Path:
+    sbom_path = tmp_path / "sbom.cdx.json"
+    sbom_path.write_text(json.dumps({"metadata": {"properties": [
+        {"name": "magi2studio:lock_sha256", "value": hashlib.sha256(lock_bytes).hexdigest()}]}, "components": []}))
+    return sbom_path
+
+
+def test_a_lock_edited_outside_its_pins_or_gone_is_drift(tmp_path):
+    """The image's lock is the one the SBOM recorded (its sha256), not only the six pins check_lock reads;
+    a lock that is gone is not a clean verdict."""
+    built = (ROOT / "image" / "lock.yaml").read_bytes()
+    sbom_path, lock_path = _sbom_with_lock_sha256(tmp_path, built), tmp_path / "lock.yaml"
+
+    def about_the_lock() -> list[str]:
+        found = drift.check(sbom_path, lock_path=lock_path, path=[str(tmp_path)], debian=False)
+        return [line for line in found.differences if line.startswith(str(lock_path))]
+
+    lock_path.write_bytes(built)
+    assert about_the_lock() == []
+    lock_path.write_bytes(built.replace(b"revision: 2dea51b", b"revision: 0000000"))  # the weights' snapshot
+    assert about_the_lock() == [f"{lock_path}: sha256 {hashlib.sha256(lock_path.read_bytes()).hexdigest()}, "
+                                f"{hashlib.sha256(built).hexdigest()} in the SBOM (the lock the image was built from)"]
+    lock_path.unlink()
+    assert about_the_lock() == [f"{lock_path}: missing (the lock the image was built from)"]
+
+
+def test_a_second_check_sees_a_file_rewritten_in_place_with_its_size_and_mtime_kept(installed):
+    """The Environment tab's Refresh re-checks in the same process: the hash cache must not take an
+    in-place rewrite that keeps the size and resets the mtime (os.utime) for the file it read before."""
+    site, reports, _ = installed
+    components = _sbom(site, reports)
+    target = site / "yaml" / "constructor.py"
+    saved = target.read_bytes()
+    before = target.stat()
+    assert _check(components, site).ok
+    try:
+        time.sleep(0.05)  # the ctime the rewrite sets is a later tick than the one the first check saw
+        with target.open("r+b") as handle:
+            handle.write(b"#" if saved[:1] != b"#" else b"X")
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = target.stat()
+        assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+        assert _check(components, site).differences == ["PyYAML: yaml/constructor.py differs from its RECORD sha256"]
+    finally:
+        target.write_bytes(saved)
+    assert _check(components, site).ok
+
+
+def test_a_distribution_folder_without_a_name_is_a_difference_not_a_traceback(installed, tmp_path):
+    """A stray .dist-info folder (an interrupted uninstall leaves one) has no METADATA Name: doctor named
+    nothing and stopped with a TypeError."""
+    site, reports, _ = installed
+    components = _sbom(site, reports)
+    stray = tmp_path / "site-packages"
+    (stray / "broken-1.0.dist-info").mkdir(parents=True)
+    found = drift.Drift("test")
+    drift.check_python(components, found, path=[str(site), str(stray)])
+    assert found.differences == [f"a distribution in {stray} has no Name in its metadata (a stray or broken "
+                                 ".dist-info folder)"]
+
+
+@pytest.mark.parametrize("text", ["schema: 1\n", "pip: [unclosed\n", "- a list\n"])
+def test_a_lock_that_cannot_be_read_is_a_difference_not_a_traceback(tmp_path, text):
+    """doctor (and the Environment tab) named nothing and stopped with a KeyError or a YAML error."""
+    sbom_path, lock_path = _sbom_with_lock_sha256(tmp_path, text.encode()), tmp_path / "lock.yaml"
+    lock_path.write_text(text)
+    found = drift.check(sbom_path, lock_path=lock_path, path=[str(tmp_path)], debian=False)
+    assert len(found.differences) == 1 and found.differences[0].startswith(f"{lock_path}: cannot be read ("), \
+        found.differences
+    assert "\n" not in found.differences[0]  # doctor prints one difference a line
+
+
+def test_a_file_changed_with_its_record_rewritten_to_match_is_drift(installed):
+    """RECORD lives beside the files it vouches for: a reinstall of another build of the same version
+    (pip rewrites RECORD) or an edit of both passed as 'drift: none'. The SBOM holds each RECORD's sha256."""
+    site, reports, _ = installed
+    components = _sbom(site, reports)
+    target = site / "yaml" / "constructor.py"
+    record = next(site.glob("[Pp]y[Yy][Aa][Mm][Ll]-*.dist-info")) / "RECORD"
+    saved = {path: path.read_bytes() for path in (target, record)}
+    try:
+        patched = saved[target] + b"\n# patched\n"
+        target.write_bytes(patched)
+        new_hash = base64.urlsafe_b64encode(hashlib.sha256(patched).digest()).rstrip(b"=").decode()
+        row_of_target = f"yaml/constructor.py,sha256={new_hash},{len(patched)}"
+        rows = [row_of_target if row.startswith("yaml/constructor.py,") else row
+                for row in saved[record].decode().splitlines()]
+        record.write_text("\n".join(rows) + "\n")
+        assert _check(components, site).differences == [
+            "PyYAML: its RECORD differs from the one the image was built with (a reinstall or an edit; "
+            "its files were checked against the new one)"]
+    finally:
+        for path, data in saved.items():
+            path.write_bytes(data)
+    assert _check(components, site).ok
+
+
+@pytest.mark.parametrize("document", [[], {"components": {"a": 1}}, {"components": [{"purl": "pkg:pypi/x@1"}]},
+                                      {"components": [], "metadata": []}])
+def test_an_sbom_of_another_shape_is_a_difference_not_a_traceback(tmp_path, document):
+    """Valid JSON that is not the SBOM image/sbom.py writes: doctor stopped with an AttributeError or a KeyError."""
+    sbom_path = tmp_path / "sbom.cdx.json"
+    sbom_path.write_text(json.dumps(document))
+    found = drift.check(sbom_path, lock_path=None, path=[str(tmp_path)], debian=False)
+    assert not found.ok and found.differences[0].startswith("the SBOM cannot be read ("), found.differences
+
+
+def test_a_missing_sbom_inside_the_image_is_a_difference_not_not_checked(tmp_path):
+    """Outside the image there is no SBOM ('not checked'); in it (build-info.json is there) an SBOM that is gone
+    was also 'not checked (not running in the magi2studio image)', which the image was."""
+    build_info = tmp_path / "build-info.json"
+    assert drift.check(tmp_path / "no-sbom.json", build_info_path=build_info) is None
+    build_info.write_text("{}")
+    found = drift.check(tmp_path / "no-sbom.json", build_info_path=build_info, debian=False)
+    assert found.differences == [f"the SBOM {tmp_path / 'no-sbom.json'} is missing, though this is the magi2studio "
+                                 f"image ({build_info} is there)"]
+
+
+def test_a_record_row_without_a_sha256_is_checked_or_named_never_skipped(installed):
+    """A RECORD row with another algorithm's hash, or none, for a file that is not byte code nor RECORD itself
+    was skipped: the file was neither checked nor counted, and the verdict could be 'none'."""
+    site, reports, _ = installed
+    target = site / "yaml" / "constructor.py"
+    record = next(site.glob("[Pp]y[Yy][Aa][Mm][Ll]-*.dist-info")) / "RECORD"
+    saved = {path: path.read_bytes() for path in (target, record)}
+
+    def with_row(row_of_target: str) -> None:
+        record.write_text("\n".join(row_of_target if row.startswith("yaml/constructor.py,") else row
+                                    for row in saved[record].decode().splitlines()) + "\n")
+
+    sha512 = base64.urlsafe_b64encode(hashlib.sha512(saved[target]).digest()).rstrip(b"=").decode()
+    components = [{k: v for k, v in c.items() if k != "properties"} for c in _sbom(site, reports)]
+    try:
+        checked_before = _check(components, site).files_checked
+        with_row(f"yaml/constructor.py,sha512={sha512},{len(saved[target])}")
+        found = _check(components, site)
+        assert found.ok and found.files_checked == checked_before, found.differences
+        target.write_bytes(saved[target] + b"\n# patched\n")
+        assert _check(components, site).differences == ["PyYAML: yaml/constructor.py differs from its RECORD sha512"]
+        with_row(f"yaml/constructor.py,,{len(saved[target])}")
+        assert _check(components, site).differences == [
+            "PyYAML: yaml/constructor.py has no hash in its RECORD (cannot verify it)"]
+    finally:
+        for path, data in saved.items():
+            path.write_bytes(data)
+    assert _check(components, site).ok
+
+
+def test_a_file_added_to_a_site_folder_outside_every_record_is_drift(installed, tmp_path):
+    """A .pth line runs at every start; no RECORD lists an added one, so every RECORD check passed it."""
+    site, reports, _ = installed
+    sbom_path = tmp_path / "sbom.cdx.json"
+    sbom_path.write_text(json.dumps({"components": _sbom(site, reports), "metadata": {"properties": [
+        {"name": "magi2studio:unrecorded_files", "value": "\n".join(drift.unrecorded_files([str(site)]))}]}}))
+    assert drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False).ok
+    added = site / "zz-added.pth"
+    try:
+        added.write_text("import os\n")
+        (site / "yaml" / "__pycache__").mkdir(exist_ok=True)  # byte code caches are not counted
+        found = drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False)
+        assert found.differences == [f"{added}: in a site folder but in no RECORD, and not there when the image "
+                                     "was built"]
+    finally:
+        added.unlink()
+    assert drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False).ok

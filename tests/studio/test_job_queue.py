@@ -363,3 +363,34 @@ def test_queue_run_works_through_the_queue_without_a_studio(tmp_path, capsys):
     done = state.find(waiting.id)
     assert done.state == "done" and runs.load_run(out / done.run).manifest["studio"]["job"] == waiting.id
     RunnerLock(out).release()  # refused (InputError) if queue run still held the root
+
+
+def test_a_queued_job_whose_plan_fails_unexpectedly_is_failed_and_the_worker_goes_on(tmp_path):
+    """An engine's plan raising other than InputError (a capability probe, say) for a job another process
+    queued ended the slot's worker thread: that job stayed 'running' and no job ran again."""
+    import threading
+
+    class PlanFailsOnce:
+        name, layout = "stand-in", None
+
+        def __init__(self):
+            self.calls = 0
+            self.second = threading.Event()
+
+        def plan(self, request, layout):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("the capability probe failed")
+            self.second.set()
+            raise InputError("prompt", "refused by the stand-in", "nothing to fix")
+
+    engine = PlanFailsOnce()
+    slot = EngineSlot(engine, tmp_path)
+    try:
+        first = JobQueue(tmp_path).add(REQUEST, "sp1-cfg1", owner="cli", source="cli")
+        failed = wait_until(lambda: (j := JobQueue(tmp_path).read().find(first.id)).state == "failed" and j, 60)
+        assert failed.message == "the engine failed: RuntimeError: the capability probe failed (details in the log)"
+        JobQueue(tmp_path).add(REQUEST, "sp1-cfg1", owner="cli", source="cli")
+        assert engine.second.wait(30) and slot.serving
+    finally:
+        slot.close()

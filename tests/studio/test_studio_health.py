@@ -72,3 +72,98 @@ def test_the_embedded_engine_is_ready_without_a_checkpoint_folder():
     from magi2studio.engines import get_engine
 
     assert get_engine("embedded").not_ready() is None
+
+
+def test_the_server_engine_is_ready_only_while_its_vllm_omni_server_answers():
+    """``engine: vllm-omni-server`` runs nothing itself: with its server down, no job can run, so
+    /health/ready must not say ready (it inherited the embedded engine's 'always ready')."""
+    import http.server
+    import threading
+
+    from magi2studio.engines import get_engine
+
+    down = get_engine("vllm-omni-server", server_url=f"http://127.0.0.1:{free_port()}")
+    reason = down.not_ready()
+    assert reason is not None and "not reachable" in reason and "\n" not in reason
+
+    class Serving(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = {"/health": b"{}", "/v1/models": b'{"data": [{"id": "/models/MAGI-2-preview"}]}'}[self.path]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Serving)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        up = get_engine("vllm-omni-server", server_url=f"http://127.0.0.1:{server.server_address[1]}")
+        assert up.not_ready() is None
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_readiness_turns_false_when_the_slots_worker_has_stopped(tmp_path):
+    """The slot's one worker thread runs every job; an error it does not expect (here claiming a job from the
+    queue file) ends it, and nothing runs again. /health/ready said ready all the same."""
+    import time
+    from types import SimpleNamespace
+
+    from magi2studio.jobs.jobqueue import JobQueue
+    from magi2studio.studio import health
+    from magi2studio.studio.slot import EngineSlot
+    from magi2studio.vocabulary.request import build_request
+
+    class Idle:
+        name, layout = "stand-in", None
+
+        def not_ready(self):
+            return None
+
+    def claim_fails():
+        raise RuntimeError("an error the worker does not expect")
+
+    engine = Idle()
+    slot = EngineSlot(engine, tmp_path)
+    ctx = SimpleNamespace(slot=slot, engine=engine)
+    try:
+        assert health.not_ready(ctx) is None
+        slot.queue.claim_next = claim_fails
+        JobQueue(tmp_path).add(build_request(prompt="a kite", seed=1, steps=2).model_dump(mode="json"), "sp1-cfg1",
+                               owner="cli", source="cli")
+        deadline = time.monotonic() + 30
+        while slot.serving and time.monotonic() < deadline:
+            time.sleep(0.05)
+        reason = health.not_ready(ctx)
+        assert reason is not None and "worker stopped" in reason, reason
+    finally:
+        slot.close()
+
+
+def test_readiness_that_cannot_be_checked_is_a_503_with_one_line_not_a_500(tmp_path):
+    """The weights check reads every shard's header: a file it may not read raised PermissionError, and the
+    probe got Starlette's 500 with a traceback in the log instead of a reason."""
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from magi2studio.studio import health
+
+    class Unreadable:
+        def not_ready(self):
+            raise PermissionError(13, "Permission denied", "/models/MAGI-2-preview/dit/model-00001.safetensors")
+
+    ctx = SimpleNamespace(slot=SimpleNamespace(closed=False, serving=True), engine=Unreadable())
+    with TestClient(Starlette(routes=health.routes(ctx)), raise_server_exceptions=False) as client:
+        response = client.get(health.READY)
+    assert response.status_code == 503, response.text
+    body = response.json()
+    assert body["ready"] is False and "\n" not in body["reason"]
+    assert body["reason"].startswith("readiness could not be checked (PermissionError: ") and "model-00001" in \
+        body["reason"]

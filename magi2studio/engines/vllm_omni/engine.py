@@ -41,7 +41,6 @@ def device_names() -> list[str]:
         return []
 
 
-
 def fresh_engine_dir(work_dir: Path) -> Path:
     """The next unused ``engine-N`` folder: each engine start gets its own steps and logs.
 
@@ -59,6 +58,7 @@ def fresh_engine_dir(work_dir: Path) -> Path:
         except FileExistsError:
             number += 1
 
+
 class VllmOmniEngine(Engine):
     name = "vllm-omni"
 
@@ -73,7 +73,6 @@ class VllmOmniEngine(Engine):
         self._process: EngineProcess | None = None
         self._layout: Layout | None = None
         self._options: params.StartOptions | None = None
-        self._loads = 0
         self._cancel_file: Path | None = None
         self._fresh_load = False
 
@@ -154,7 +153,6 @@ class VllmOmniEngine(Engine):
             return False
         self._stop_child()
         self._check_weights(tier_name)
-        self._loads += 1
         metrics_dir = fresh_engine_dir(self.work_dir) / "metrics"
         metrics_dir.mkdir()
         cancel_file = metrics_dir.parent / "cancel"

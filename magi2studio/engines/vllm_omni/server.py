@@ -103,6 +103,14 @@ class VllmOmniServerEngine(Engine):
                             default_steps=caps.default_steps, default_refiner_steps=0,
                             default_compile=self.server_compile, compile_modes=(self.server_compile,), notes=notes)
 
+    def not_ready(self) -> str | None:
+        """The server answers /health and serves a model (this engine runs nothing itself)."""
+        try:
+            self.probe(timeout_s=min(self.http.http_timeout_s, 3.0))
+        except EngineError as err:
+            return str(err)
+        return None
+
     def check_layout(self, layout: Layout, tier: Tier) -> list[str]:
         warnings = rules_for_real_model(layout, tier)
         params.check_layout(layout, tier, detect())
