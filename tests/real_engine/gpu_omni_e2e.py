@@ -499,7 +499,7 @@ def cli_generate(work: Path, metrics: Path, ckpt: Path, steps: int, *extra: str)
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     return {"s": round(time.perf_counter() - began, 1), "folder": folder.name,
             "files": sorted(p.name for p in folder.iterdir()), "hashes": manifest["hashes"],
-            "steps_recorded": len(manifest.get("timing", {}).get("steps", []) or []),
+            "steps_recorded": manifest["timing"]["stages"].get("preview", {}).get("steps", 0),
             "stages": manifest.get("timing", {}).get("stages"), "engine": manifest["engine"]}
 
 
