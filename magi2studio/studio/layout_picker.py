@@ -1,8 +1,10 @@
-"""The Generate form's Layout control: what this engine can run first, the rest marked with its reason.
+"""The studio's one Layout control (Generate, A/B, Reproduce): what this engine can run first, the rest marked.
 
 The preset's SP / CFG / EP fill the fields below it from the first load on, and one live
 verdict next to the control says whether this engine takes the layout; a Generate refusal of
 the layout is written into that same line, so two contradictory verdicts never stand together.
+Every tab builds it with :func:`build_control` and reads it with ``form.layout_from_form``, so the
+choices, the default and the refusal (``layout: ... Fix: ...``) are the same everywhere.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import gradio as gr
+
 from ..engines.base import Capabilities, Engine
 from ..errors import InputError
 from ..vocabulary.layouts import PRESETS, Layout, memory_fit_line, memory_per_gpu_gib
 from ..vocabulary.tiers import TIERS, Tier, get_tier
+from .context import StudioContext
 from .form import CUSTOM, layout_from_form
 
 REFUSED_MARK = "⊘"
@@ -79,9 +84,11 @@ def fields_for(preset: str, current: Layout | None = None) -> tuple[int, int, st
     return layout.sp, layout.cfg, "" if layout.ep is None else str(layout.ep)
 
 
-def verdict(values: dict[str, Any], capabilities: Capabilities, engine: Engine, gpu_gib: float) -> str:
-    """The live verdict: this engine's check of the form's layout, its warnings, the restart notice,
-    and the real checkpoint's memory fit (as advice where this engine does not run that checkpoint)."""
+def verdict(values: dict[str, Any], capabilities: Capabilities, engine: Engine, gpu_gib: float,
+            restart_notice: bool = True) -> str:
+    """The live verdict: this engine's check of the form's layout, its warnings, the restart notice
+    (where the run uses the studio's engine), and the real checkpoint's memory fit (as advice where
+    this engine does not run that checkpoint)."""
     tier_name = values.get("tier") or "272p"
     try:
         layout = layout_from_form(values.get("layout_preset"), values.get("sp"), values.get("cfg"), values.get("ep"))
@@ -92,7 +99,7 @@ def verdict(values: dict[str, Any], capabilities: Capabilities, engine: Engine, 
              f"MoE heads split {layout.moe_shards} ways"]
     lines += [f"⚠ {html.escape(warning)}" for warning in warnings]
     current = engine.layout
-    if current is not None and current != layout:
+    if restart_notice and current is not None and current != layout:
         lines.append(f"↻ Generating will restart the engine: it runs {current.name} now, this is {layout.name}.")
     if capabilities.engine in REAL_CHECKPOINT_ENGINES:
         lines.append(f"Per GPU: {memory_fit_line(layout, gpu_gib)}")
@@ -102,3 +109,64 @@ def verdict(values: dict[str, Any], capabilities: Capabilities, engine: Engine, 
                      f"~{need:.0f} GiB per GPU ({gpu_gib:.0f} GiB assumed"
                      f"{'' if need <= gpu_gib else ': more GPUs or offload would be needed there'}).</small>")
     return "\n\n".join(lines)
+
+
+@dataclass(frozen=True)
+class LayoutControl:
+    """The components of one Layout control: the preset dropdown, the custom SP / CFG / EP and the verdict line."""
+
+    preset: gr.Dropdown
+    sp: gr.Number
+    cfg: gr.Number
+    ep: gr.Textbox
+    verdict: gr.Markdown
+
+    @property
+    def fields(self) -> list[gr.components.Component]:
+        return [self.preset, self.sp, self.cfg, self.ep]
+
+
+def build_control(ctx: StudioContext, tier: gr.components.Component, first_tier: str, *, elem_prefix: str = "layout",
+                  restart_notice: bool = True) -> LayoutControl:
+    """Build and wire the Layout control under the current Blocks context; ``tier`` is the tab's tier input.
+
+    ``restart_notice`` is off where a run does not use the studio's engine (A/B runs each in a fresh process)."""
+    caps = ctx.capabilities
+    states = preset_states(ctx.engine, get_tier(first_tier))
+    first_preset = default_preset(ctx.engine, ctx.slot.preload, states, caps.demo_layout)
+    first_sp, first_cfg, first_ep = fields_for(first_preset, ctx.engine.layout or ctx.slot.preload)
+    custom = first_preset == CUSTOM
+    with gr.Group():
+        preset = gr.Dropdown(choices(states), value=first_preset, label="Layout", elem_id=f"{elem_prefix}-preset",
+                             info=f"{REFUSED_MARK} marks a layout this engine cannot run, with why")
+        with gr.Row():
+            sp = gr.Number(value=first_sp, label="SP (Ulysses)", precision=None, interactive=custom,
+                           elem_id=f"{elem_prefix}-sp", min_width=90)
+            cfg = gr.Number(value=first_cfg, label="CFG", precision=None, interactive=custom,
+                            elem_id=f"{elem_prefix}-cfg", min_width=90)
+            ep = gr.Textbox(value=first_ep, label="EP", placeholder="= SP", interactive=custom,
+                            elem_id=f"{elem_prefix}-ep", min_width=90)
+    line = gr.Markdown(elem_id=f"{elem_prefix}-check")
+    control = LayoutControl(preset, sp, cfg, ep, line)
+    inputs = [*control.fields, tier]
+
+    def check(preset_value, sp_value, cfg_value, ep_value, tier_value):
+        values = {"layout_preset": preset_value, "sp": sp_value, "cfg": cfg_value, "ep": ep_value, "tier": tier_value}
+        return verdict(values, caps, ctx.engine, ctx.gpu_gib, restart_notice)
+
+    def preset_changed(preset_value):
+        if preset_value not in PRESETS:  # custom: the fields keep their values and open for editing
+            return gr.Number(interactive=True), gr.Number(interactive=True), gr.Textbox(interactive=True)
+        sp_value, cfg_value, ep_value = fields_for(preset_value)
+        return (gr.Number(value=sp_value, interactive=False), gr.Number(value=cfg_value, interactive=False),
+                gr.Textbox(value=ep_value, interactive=False))
+
+    preset.change(preset_changed, preset, [sp, cfg, ep], queue=False, api_visibility="private").then(
+        check, inputs, line, queue=False, api_visibility="private")
+    for component in (sp, cfg, ep, tier):
+        component.change(check, inputs, line, queue=False, api_visibility="private")
+    # What this engine refuses can depend on the tier (1080p's refiner has its own head counts).
+    tier.change(lambda t: gr.Dropdown(choices=choices(preset_states(ctx.engine, TIERS[t])))
+                if t in TIERS else gr.Dropdown(), tier, preset, queue=False, api_visibility="private")
+    ctx.defer(lambda: ctx.demo.load(check, inputs, line, queue=False, api_visibility="private"))
+    return control

@@ -14,8 +14,10 @@ import gradio as gr
 from ..reproduction.ab import BIT_IDENTICAL, check_pairs, parse_side, run_ab
 from ..errors import Cancelled, InputError
 from ..vocabulary.request import build_request, whole_number
+from . import layout_picker as LP
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
+from .form import layout_from_form
 
 TAB_ID = "ab"
 COLUMNS = ["#", "side", "pair", "status", "gate ms/step", "engine start ms", "frames sha256", "pcm sha256"]
@@ -74,7 +76,8 @@ def build(ctx: StudioContext) -> None:
         with gr.Row():
             control = gr.Textbox(label="Control", lines=3, placeholder=SETTING_HELP)
             candidate = gr.Textbox(label="Candidate", lines=3, placeholder=SETTING_HELP)
-            layout = gr.Textbox("sp1-cfg1" if in_process_engine else "sp8-cfg1-ep4", label="Layout of both sides")
+            with gr.Column():  # both sides' layout (a side's layout=NAME overrides it); each run is a fresh process
+                layout = LP.build_control(ctx, tier, "272p", elem_prefix="ab-layout", restart_notice=False)
         with gr.Row():
             start = gr.Button("Run the pairs", variant="primary", interactive=in_process_engine)
             stop = gr.Button("Stop")
@@ -85,15 +88,16 @@ def build(ctx: StudioContext) -> None:
     jobs = BackgroundJobs("ab", (Cancelled, InputError))
 
     def run_pairs(prompt_value, tier_value, seed_value, steps_value, pairs_value, control_value, candidate_value,
-                  layout_value, request: gr.Request):
+                  preset_value, sp_value, cfg_value, ep_value, request: gr.Request):
         owner = request.session_hash or "anonymous"
         try:
             count = check_pairs(int(pairs_value) if pairs_value is not None else 0)
             base = build_request(prompt=prompt_value or "", tier=tier_value,
                                  seed=int(seed_value if seed_value is not None else 42),
                                  steps=whole_number(steps_value if steps_value not in ("", None) else None, "steps"))
-            sides = (parse_side("control", setting_lines(control_value), layout_value),
-                     parse_side("candidate", setting_lines(candidate_value), layout_value))
+            both = layout_from_form(preset_value, sp_value, cfg_value, ep_value).name
+            sides = (parse_side("control", setting_lines(control_value), both),
+                     parse_side("candidate", setting_lines(candidate_value), both))
         except (InputError, ValueError) as err:
             raise gr.Error(str(err), print_exception=False) from None
         out = ctx.outputs_root / "ab" / time.strftime("%Y%m%d-%H%M%S")
@@ -123,6 +127,8 @@ def build(ctx: StudioContext) -> None:
             return "nothing of yours is running"
         return "stopping: the running process is ended at its next progress line"
 
-    start.click(run_pairs, [prompt, tier, seed, steps, pairs, control, candidate, layout], [status, table, verdict],
+    # The layout's preset stands where the old free-text layout stood; the custom SP / CFG / EP follow at the end.
+    start.click(run_pairs, [prompt, tier, seed, steps, pairs, control, candidate, *layout.fields],
+                [status, table, verdict],
                 api_name="ab", concurrency_limit=1)
     stop.click(stop_pairs, None, status, api_name="ab_stop", queue=False)

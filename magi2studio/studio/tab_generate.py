@@ -20,7 +20,6 @@ from typing import Any
 import gradio as gr
 
 from ..errors import InputError
-from ..vocabulary.layouts import PRESETS
 from ..vocabulary.request import RANDOM_SEED, draw_seed
 from ..vocabulary.tiers import TIERS
 from . import form as F
@@ -90,9 +89,6 @@ def _text_field(name: str, placeholder: str, value: str = "", **options: Any) ->
 def build(ctx: StudioContext) -> None:
     caps = ctx.capabilities
     first_tier = _first_runnable_tier(caps)
-    states = LP.preset_states(ctx.engine, TIERS[first_tier])
-    first_preset = LP.default_preset(ctx.engine, ctx.slot.preload, states, caps.demo_layout)
-    first_sp, first_cfg, first_ep = LP.fields_for(first_preset, ctx.engine.layout or ctx.slot.preload)
     with gr.Tab("Generate", id=TAB_ID):
         status = gr.Markdown(_status_text(ctx), elem_id="engine-status")
         with gr.Row():
@@ -143,20 +139,9 @@ def build(ctx: StudioContext) -> None:
                 unavailable = [f"{name}: {reason}" for name, reason in caps.tiers.items() if reason]
                 gr.Markdown("\n\n".join(f"⊘ {line}" for line in unavailable), visible=bool(unavailable))
                 errors["tier"] = _error_line("", "tier")
-                with gr.Group():
-                    preset = gr.Dropdown(LP.choices(states), value=first_preset, label="Layout",
-                                         elem_id="layout-preset",
-                                         info=f"{LP.REFUSED_MARK} marks a layout this engine cannot run, with why")
-                    with gr.Row():
-                        custom = first_preset == F.CUSTOM
-                        sp = gr.Number(value=first_sp, label="SP (Ulysses)", precision=None, interactive=custom,
-                                       elem_id="layout-sp", min_width=90)
-                        cfg = gr.Number(value=first_cfg, label="CFG", precision=None, interactive=custom,
-                                        elem_id="layout-cfg", min_width=90)
-                        ep = gr.Textbox(value=first_ep, label="EP", placeholder="= SP",
-                                        interactive=custom, elem_id="layout-ep", min_width=90)
                 # The layout's one verdict: the live check, and a Generate refusal of the layout.
-                layout_line = gr.Markdown(elem_id="layout-check")
+                layout = LP.build_control(ctx, tier, first_tier)
+                preset, sp, cfg, ep, layout_line = *layout.fields, layout.verdict
                 errors["layout"] = layout_line
                 if caps.demo_steps is not None:  # below the layout's verdict, which stays above the fold
                     gr.Markdown(_demo_line(caps), elem_id="demo-defaults")
@@ -197,7 +182,6 @@ def build(ctx: StudioContext) -> None:
     ctx.form = GenerateForm(fields=fields, errors=errors, progress=progress)
     inputs = [fields[name] for name in F.FIELDS]
     error_boxes = [errors[name] for name in F.BOXES]
-    layout_inputs = [preset, sp, cfg, ep, tier]
 
     # An old refusal goes when its field changes: only the live verdicts stay.
     for name, component in fields.items():
@@ -205,25 +189,6 @@ def build(ctx: StudioContext) -> None:
         if box != "layout" and hasattr(component, "input"):
             component.input(_fixed, progress, [errors[box], errors["general"], progress],
                             queue=False, api_visibility="private")
-
-    def check_layout(preset_value, sp_value, cfg_value, ep_value, tier_value):
-        values = {"layout_preset": preset_value, "sp": sp_value, "cfg": cfg_value, "ep": ep_value, "tier": tier_value}
-        return LP.verdict(values, caps, ctx.engine, ctx.gpu_gib)
-
-    def preset_changed(preset_value):
-        if preset_value not in PRESETS:  # custom: the fields keep their values and open for editing
-            return gr.Number(interactive=True), gr.Number(interactive=True), gr.Textbox(interactive=True)
-        sp_value, cfg_value, ep_value = LP.fields_for(preset_value)
-        return (gr.Number(value=sp_value, interactive=False), gr.Number(value=cfg_value, interactive=False),
-                gr.Textbox(value=ep_value, interactive=False))
-
-    preset.change(preset_changed, preset, [sp, cfg, ep], queue=False, api_visibility="private").then(
-        check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
-    for component in (sp, cfg, ep, tier):
-        component.change(check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
-    # What this engine refuses can depend on the tier (1080p's refiner has its own head counts).
-    tier.change(lambda t: gr.Dropdown(choices=LP.choices(LP.preset_states(ctx.engine, TIERS[t])))
-                if t in TIERS else gr.Dropdown(), tier, preset, queue=False, api_visibility="private")
 
     mode.change(lambda m: [gr.File(visible=m == "i2va"), gr.Image(visible=False) if m != "i2va" else gr.Image()],
                 mode, [image, image_preview], queue=False, api_visibility="private")
@@ -358,7 +323,6 @@ def build(ctx: StudioContext) -> None:
             _results_if_done, progress, ctx.tabs, queue=False, api_visibility="private")
         cancel.click(cancel_mine, None, progress, api_name="cancel", queue=False)
         cancel_job_box.submit(cancel_job, cancel_job_box, cancel_job_box, api_name="cancel_job", queue=False)
-        ctx.demo.load(check_layout, layout_inputs, layout_line, queue=False, api_visibility="private")
 
     ctx.defer(wire)
     def page_tick(request: gr.Request):

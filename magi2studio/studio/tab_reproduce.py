@@ -14,14 +14,15 @@ from pathlib import Path
 import gradio as gr
 
 from ..errors import Cancelled, EngineError, InputError, describe_os_error
-from ..vocabulary.layouts import parse_layout
 from ..reproduction.references import BUNDLED_REFERENCES, load_reference
 from ..vocabulary.request import whole_number
 from ..reproduction.reproduce import reproduce
 from ..reproduction.samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
 from ..engines.timing import EXCLUDED_STEPS
+from . import layout_picker as LP
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
+from .form import layout_from_form
 from .job_panel import session_owner
 from .served import cached
 
@@ -79,7 +80,8 @@ def build(ctx: StudioContext) -> None:
             upload = gr.File(label="Set JSON + its prompt and image files", file_count="multiple")
         with gr.Row():
             tier = gr.Dropdown([t for t, why in ctx.capabilities.tiers.items() if not why], value="272p", label="Tier")
-            layout = gr.Textbox("sp1-cfg1" if ctx.capabilities.engine == "embedded" else "sp8-cfg1-ep4", label="Layout")
+            with gr.Column():
+                layout = LP.build_control(ctx, tier, "272p", elem_prefix="reproduce-layout")
             seed = gr.Number(42, precision=0, label="Seed")
             policy = gr.Radio(list(SEED_POLICIES), value="fixed", label="Seed policy")
             steps = gr.Textbox("", label="Steps", placeholder="blank: engine default")
@@ -98,8 +100,8 @@ def build(ctx: StudioContext) -> None:
 
     jobs = BackgroundJobs("reproduce", (Cancelled,))
 
-    def run_set(source_value, files, tier_value, layout_value, seed_value, policy_value, steps_value,
-                expect_value, expect_path, skip_value, request: gr.Request):
+    def run_set(source_value, files, tier_value, preset_value, seed_value, policy_value, steps_value,
+                expect_value, expect_path, skip_value, sp_value, cfg_value, ep_value, request: gr.Request):
         owner = session_owner(request)
         staged = None
         try:
@@ -110,7 +112,7 @@ def build(ctx: StudioContext) -> None:
             sample_set = load_sample_set(set_path, seed=int(seed_value if seed_value is not None else 42),
                                          seed_policy=policy_value, defaults=defaults, skip_missing=skip_value,
                                          root=None if set_path == BUNDLED_ALIAS else set_path.parent.parent)
-            chosen_layout = parse_layout(layout_value)
+            chosen_layout = layout_from_form(preset_value, sp_value, cfg_value, ep_value)
             plans = {sample.name: ctx.engine.plan(sample.request, chosen_layout) for sample in sample_set.samples}
             reference_path = expect_path or (None if expect_value == "none" else expect_value)
             reference = load_reference(reference_path) if reference_path else None
@@ -189,6 +191,8 @@ def build(ctx: StudioContext) -> None:
         ctx.slot.cancel(owner)
         return "stopping at the next step boundary"
 
-    start.click(run_set, [source, upload, tier, layout, seed, policy, steps, expect, expect_file, skip_missing],
+    # The layout's preset stands where the old free-text layout stood; the custom SP / CFG / EP follow at the end.
+    start.click(run_set, [source, upload, tier, layout.preset, seed, policy, steps, expect, expect_file, skip_missing,
+                          layout.sp, layout.cfg, layout.ep],
                 [status, table, posters, notes], api_name="reproduce", concurrency_limit=None)
     stop.click(stop_set, None, status, api_name="reproduce_stop", queue=False)

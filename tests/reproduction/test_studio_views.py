@@ -76,3 +76,17 @@ def test_the_ab_view_refuses_zero_pairs(studio):
     client, _ = studio
     with pytest.raises(AppError, match="pairs"):
         client.predict("a kite", "272p", 42, 3, 0, "", "", "sp1-cfg1", api_name="/ab")
+
+
+def test_ab_and_reproduce_refuse_a_bad_layout_as_generate_does(studio):
+    """Issue 29 (j): one layout check on every tab; a bad custom layout is one ``layout: ... Fix:`` line."""
+    client, _ = studio
+    custom_cfg3 = ("custom", 2, 3, "")
+    with pytest.raises(AppError, match=r"^layout: cfg3: MAGI-2 has exactly two CFG branches\. Fix: use cfg1 or cfg2"):
+        client.predict("a kite", "272p", 42, 3, 2, "", "", *custom_cfg3, api_name="/ab")
+    with pytest.raises(AppError, match=r"^layout: a custom layout needs SP and CFG\. Fix: "):
+        client.predict("a kite", "272p", 42, 3, 2, "", "", "custom", None, None, "", api_name="/ab")
+    args = reproduce_args(BUNDLED_CHOICE) + list(custom_cfg3[1:])
+    args[3] = "custom"
+    with pytest.raises(AppError, match=r"^layout: cfg3: MAGI-2 has exactly two CFG branches\. Fix: use cfg1 or cfg2"):
+        client.predict(*args, api_name="/reproduce")

@@ -307,12 +307,48 @@ def test_the_stage_clock_times_every_stage_and_gives_an_eta():
                                    " · job 5 s · ETA ~26 s")
     assert clock.fraction(5.0) == 0.25
     clock.on_event(Progress("preview", 0, 4), now=30.0)
-    clock.on_event(Progress("preview", 1, 4), now=33.0)  # 3 s per step measured: 2 steps left
-    assert clock.line(now=33.0) == "preview: step 2/4 · 3 s · job 33 s · ETA ~7 s"
+    clock.on_event(Progress("preview", 1, 4), now=33.0)  # steps 0-1 are warm-up: the learned 2 s per step, 2 left
+    assert clock.line(now=33.0) == "preview: step 2/4 · 3 s · job 33 s · ETA ~5 s"
     assert clock.fraction(33.0) == 0.5
+    clock.on_event(Progress("preview", 2, 4), now=37.0)  # 4 s measured after the warm-up, weighed against 2 s learned
+    assert clock.line(now=37.0) == "preview: step 3/4 · 7 s · job 37 s · ETA ~3 s"  # (4 * 2 + 1 * 4) / 5 s + 1 s
     unknown = StageClock(None, now=0.0)
     unknown.on_event(Progress("decode_video"), now=1.0)
     assert unknown.line(now=3.0) == "decode video · 2 s · job 3 s" and unknown.fraction(3.0) is None
+
+
+def _etas(step_seconds: list[float], learned_s: float) -> list[tuple[float, float]]:
+    """(ETA, true seconds left) right after each step of a scripted run of one stage."""
+    from magi2studio.engines.base import Progress
+    from magi2studio.jobs.eta import Estimate
+    from magi2studio.jobs.stage_clock import StageClock
+
+    clock = StageClock(Estimate((("preview", learned_s),)), now=0.0)
+    clock.on_event(Progress("preview", message="denoising"), now=0.0)
+    now, out = 0.0, []
+    for step, seconds in enumerate(step_seconds):
+        now += seconds
+        clock.on_event(Progress("preview", step, len(step_seconds)), now=now)
+        out.append((clock.remaining_s(now=now), sum(step_seconds[step + 1:])))
+    return out
+
+
+def test_the_eta_stays_steady_through_the_warm_up_steps():
+    """Issue 29's audit: the ETA jumped 376 -> 899 s within one step when it switched from the learned time to
+    the rate of the first steps, which include the compile. Learned: 100 steps in 376 s; this run: a 6 s first
+    step, a 9 s compile step, then 3.9 s a step."""
+    etas = _etas([6.0, 9.0] + [3.9] * 98, learned_s=376.0)
+    for (before, _), (after, _) in zip(etas, etas[1:]):
+        assert after <= before * 1.02, (before, after)  # never up by more than 2% in one step (it was x2.4)
+        assert after >= before - 9.0 - 0.05 * before, (before, after)
+    eta, truth = etas[49]
+    assert abs(eta - truth) <= 0.02 * truth, (eta, truth)  # half way, the measured steps carry it
+    # A machine twice as slow as the learned runs: the ETA climbs to the truth, never in one leap.
+    etas = _etas([15.0, 18.0] + [7.52] * 98, learned_s=376.0)
+    for (before, _), (after, _) in zip(etas, etas[1:]):
+        assert after <= before * 1.25, (before, after)  # the learned time gives way step by step
+    eta, truth = etas[49]
+    assert abs(eta - truth) <= 0.1 * truth, (eta, truth)
 
 
 def test_the_stage_clock_lists_each_stage_with_its_state_and_time():

@@ -27,3 +27,35 @@ def test_tabs_hold_only_tabs_and_each_tab_once(tmp_path):
             demo.close()
     finally:
         engine.close()
+
+
+def _descendants(block):
+    for child in getattr(block, "children", []):
+        yield child
+        yield from _descendants(child)
+
+
+def test_generate_ab_and_reproduce_share_one_layout_control(tmp_path):
+    """Issue 29 (j): A/B and Reproduce took the layout as free text (default sp1-cfg1) beside Generate's dropdown."""
+    engine = get_engine("embedded")
+    try:
+        demo, ctx = create_app(engine, tmp_path / "outputs")
+        try:
+            controls = {}
+            for tab in ctx.tabs.children:
+                layouts = [c for c in _descendants(tab) if getattr(c, "label", None) == "Layout"]
+                if tab.id in ("generate", "ab", "reproduce"):
+                    assert len(layouts) == 1, (tab.id, [type(c).__name__ for c in layouts])
+                    controls[tab.id] = layouts[0]
+            kinds = {tab: type(control).__name__ for tab, control in controls.items()}
+            assert kinds == {"generate": "Dropdown", "ab": "Dropdown", "reproduce": "Dropdown"}, kinds
+            generate = controls["generate"]
+            for tab in ("ab", "reproduce"):
+                assert controls[tab].choices == generate.choices, tab
+                assert controls[tab].value == generate.value, (tab, controls[tab].value, generate.value)
+                assert controls[tab].elem_id == f"{tab}-layout-preset"
+        finally:
+            ctx.slot.close()
+            demo.close()
+    finally:
+        engine.close()
