@@ -338,6 +338,10 @@ class EngineSlot:
                     except InputError as err:  # a damaged file: nothing runs until it is moved away
                         log.warning("%s", err)
                         record = None
+                    except OSError as err:  # a full disk, a lost mount: the file is unchanged (written atomically)
+                        log.warning("queue: could not claim the next job (%s: %s); trying again in %.0f s",
+                                    type(err).__name__, err, SYNC_S)
+                        record = None
                     if record is not None:
                         return record, self._jobs.get(record.id)
                 self._cond.wait(timeout=SYNC_S)

@@ -430,3 +430,32 @@ def test_a_queued_job_whose_plan_fails_unexpectedly_is_failed_and_the_worker_goe
         assert engine.second.wait(30) and slot.serving
     finally:
         slot.close()
+
+
+def test_a_queue_file_that_cannot_be_written_for_a_while_does_not_stop_the_worker(tmp_path):
+    """A full disk while claiming a job (OSError from the queue file's write) ended the slot's worker thread: the
+    job stayed waiting and nothing ran again until a restart. The claim is tried again; the job then runs."""
+    import errno
+
+    class Refuses:
+        name, layout = "stand-in", None
+
+        def plan(self, request, layout):
+            raise InputError("prompt", "refused by the stand-in", "nothing to fix")
+
+    slot = EngineSlot(Refuses(), tmp_path)
+    claim, calls = slot.queue.claim_next, []
+
+    def disk_full_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return claim()
+
+    slot.queue.claim_next = disk_full_once
+    try:
+        job = JobQueue(tmp_path).add(REQUEST, "sp1-cfg1", owner="cli", source="cli")
+        refused = wait_until(lambda: (j := JobQueue(tmp_path).read().find(job.id)).state == "refused" and j, 60)
+        assert refused and len(calls) >= 2 and slot.serving
+    finally:
+        slot.close()
