@@ -180,18 +180,28 @@ def check_unrecorded(sbom: dict, drift: Drift, path: list[str] | None = None) ->
         drift.differences.append(f"{added}: in a site folder but in no RECORD, and not there when the image was built")
 
 
+def _deb_arch(purl: str) -> str:
+    """The ``arch`` qualifier of a ``pkg:deb`` purl (image/sbom.py writes one for every package), or ''."""
+    query = purl.partition("?")[2]
+    return next((value for key, _, value in (part.partition("=") for part in query.split("&")) if key == "arch"), "")
+
+
 def check_debian(components: list[dict], drift: Drift) -> None:
-    listed = {c["name"]: c["version"] for c in components if c.get("purl", "").startswith("pkg:deb/")}
-    if not listed:
+    """Each package by name and architecture: a multi-arch package (libc6:amd64 and libc6:i386) is two entries,
+    so a change in either is seen."""
+    debs = [c for c in components if c.get("purl", "").startswith("pkg:deb/")]
+    if not debs:
         return
+    listed = {f"{c['name']}:{_deb_arch(c['purl'])}": c["version"] for c in debs}
     try:
-        out = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}\t${Package}\t${Version}\n"],
+        out = subprocess.run(["dpkg-query", "-W", "-f",
+                              "${db:Status-Abbrev}\t${Package}\t${Version}\t${Architecture}\n"],
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as err:
         drift.differences.append(f"Debian packages: cannot list them ({err.__class__.__name__})")
         return
-    installed = {name: version for status, name, version in (line.split("\t") for line in out.splitlines())
-                 if status.startswith("ii")}
+    installed = {f"{name}:{arch}": version for status, name, version, arch in
+                 (line.split("\t") for line in out.splitlines()) if status.startswith("ii")}
     drift.debian_packages = len(listed)
     for name in sorted(set(listed) | set(installed)):
         want, have = listed.get(name), installed.get(name)

@@ -298,3 +298,19 @@ def test_a_file_added_to_a_site_folder_outside_every_record_is_drift(installed, 
     finally:
         added.unlink()
     assert drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False).ok
+
+
+def test_a_multi_arch_debian_package_is_checked_per_architecture(monkeypatch):
+    """Keyed by name only, libc6:amd64 and libc6:i386 collapsed into one entry, so a changed version of one of
+    them could pass as the other's."""
+    def deb(name, version, arch):
+        purl = f"pkg:deb/debian/{name}@{version}?arch={arch}"
+        return {"type": "library", "name": name, "version": version, "purl": purl, "bom-ref": purl}
+
+    sbom = [deb("libc6", "2.36-9", "amd64"), deb("libc6", "2.36-9", "i386"), deb("tzdata", "2025b", "all")]
+    installed = "ii \tlibc6\t2.36-9\tamd64\nii \tlibc6\t2.36-9+evil\ti386\nii \ttzdata\t2025b\tall\n"
+    monkeypatch.setattr(drift.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, installed, ""))
+    found = drift.Drift(sbom="sbom.cdx.json")
+    drift.check_debian(sbom, found)
+    assert found.differences == ["Debian libc6:i386: version 2.36-9+evil installed, 2.36-9 in the SBOM"]
+    assert found.debian_packages == 3
