@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-every", type=int, default=None)
     parser.add_argument("--save-every", type=int, default=0,
                         help="dit: also write dit.pt (and its log) every N steps, as dit.pt's 'step' says")
+    parser.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                        help="dit: stop at the first step boundary after this many seconds of training and write "
+                             "dit-state.pt, which --resume continues (a device call's time limit)")
+    parser.add_argument("--resume", action="store_true",
+                        help="dit: go on from --work's dit-state.pt (same settings); the weights end as an "
+                             "uninterrupted run's, bit for bit")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--device", default="cpu",
                         help="dit: where the DiT trains (cpu or cuda; batches are drawn on the CPU either way; "
@@ -47,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase in ("pack", "all") and args.out is None:
         parser.error("--out: pack writes the checkpoint there; name a folder, e.g. --out /tmp/tiny-trained")
 
+    if args.stop_after is not None and args.stop_after <= 0:
+        parser.error(f"--stop-after: {args.stop_after} s; give a positive number of seconds")
+    state_path = args.work / "dit-state.pt"
+    if args.resume and not state_path.is_file():
+        parser.error(f"--resume: {state_path} does not exist; run --phase dit with --stop-after or --save-every first")
     if args.device != "cpu":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic GEMMs
     import torch
@@ -64,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from magi2studio.engines.embedded.checkpoint import ensure_checkpoint
     from magi2studio.engines.embedded.components import load_components
     from magi2studio.engines.embedded.tiny_weights import tree_sha256
+    from magi2studio.errors import InputError
     from magi2studio.training import latents as codes
     from magi2studio.training import trainer
 
@@ -88,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         examples = trainer.make_examples(config, settings)
         print(f"{len(examples)} training scenes in {time.perf_counter() - started:.0f} s", flush=True)
 
+    resume = None
     for phase in phases:
         log = trainer.TrainLog(settings.as_dict(), config.digest)
         started = time.perf_counter()
@@ -99,16 +112,35 @@ def main(argv: list[str] | None = None) -> int:
                                              "oobleck": trainer.oobleck_state(components.audio_decoder)})
         elif phase == "dit":
             generator = torch.Generator().manual_seed(args.seed + 2)
+            if args.resume:
+                resume = torch.load(state_path, weights_only=True)
+                try:
+                    trainer.check_resumable(resume, settings, config.digest)
+                except InputError as error:
+                    print(error, file=sys.stderr)
+                    return 2
+                print(f"resuming at step {resume['step']}/{settings.dit_steps}", flush=True)
 
-            def report(step: int, loss: float) -> None:
+            def report(step: int, loss: float, snapshot) -> bool:
                 if step % settings.log_every == 0:
                     print(f"dit step {step}/{settings.dit_steps} loss {loss:.4f} "
                           f"{time.perf_counter() - started:.0f} s", flush=True)
-                if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < settings.dit_steps:
-                    _save_dit(args.work, components.transformer, log, step + 1)
+                stop = args.stop_after is not None and time.perf_counter() - started >= args.stop_after
+                saving = args.save_every and (step + 1) % args.save_every == 0
+                if (stop or saving) and step + 1 < settings.dit_steps:
+                    state = snapshot()
+                    _save(state_path, state)
+                    _save_dit(args.work, state["model"], log, step + 1)
+                return stop
 
-            trainer.train_dit(components, examples, settings, log, generator, on_step=report, device=args.device)
-            _save_dit(args.work, components.transformer, log, settings.dit_steps)
+            done = trainer.train_dit(components, examples, settings, log, generator, on_step=report,
+                                     device=args.device, resume=resume)
+            if done < settings.dit_steps:
+                print(f"dit: stopped after step {done} of {settings.dit_steps} (--stop-after); "
+                      f"{state_path} holds the run; go on with the same command and --resume", flush=True)
+                return 0
+            _save_dit(args.work, components.transformer.state_dict(), log, settings.dit_steps)
+            state_path.unlink(missing_ok=True)  # the run is complete: nothing left to resume
         else:
             missing = [name for name in ("decoders.pt", "dit.pt") if not (args.work / name).is_file()]
             if missing:
@@ -125,16 +157,17 @@ def main(argv: list[str] | None = None) -> int:
             size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
             print(json.dumps({"checkpoint": str(out), "bytes": size, "sha256": tree_sha256(out)}))
             continue
-        log.seconds[phase] = round(time.perf_counter() - started, 1)
+        earlier = resume["log"]["seconds"].get("dit_train", 0.0) if phase == "dit" and resume else 0.0
+        log.seconds[phase] = round(time.perf_counter() - started + earlier, 1)  # a resumed run: all its calls
         _write_text(args.work / f"log-{phase}.json", log.to_json())
         print(f"{phase}: {log.seconds[phase]} s", flush=True)
     return 0
 
 
-def _save_dit(work: Path, transformer, log, steps_done: int) -> None:
+def _save_dit(work: Path, model_state: dict, log, steps_done: int) -> None:
     """dit.pt with the steps it has had; the log so far beside it."""
 
-    state = {k: v.detach().to("cpu", copy=True) for k, v in transformer.state_dict().items()}
+    state = {k: v.detach().to("cpu", copy=True) for k, v in model_state.items()}
     log.seconds["dit_steps_done"] = steps_done
     _save(work / "dit.pt", state)
     _write_text(work / "log-dit.json", log.to_json())

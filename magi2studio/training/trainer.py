@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..engines.embedded.tiny import TinyConfig
+from ..errors import InputError
 from ..semantic.scenes import Scene, sample_scenes
 from ..vocabulary.tiers import get_tier
 from . import latents as codes
@@ -279,10 +280,16 @@ def dit_loss(transformer, data_proxy, model_input, video_target: torch.Tensor, a
 
 
 def train_dit(components, examples: list[Example], settings: TrainSettings, log: TrainLog,
-              generator: torch.Generator, on_step: Callable[[int, float], None] | None = None,
-              device: str = "cpu") -> None:
+              generator: torch.Generator, on_step: Callable[[int, float, Callable[[], dict]], bool] | None = None,
+              device: str = "cpu", resume: dict | None = None) -> int:
     """AdamW on upstream's forward; batches drawn on the CPU from ``generator`` on any ``device``
-    (on a GPU through upstream's differentiable torch paths, :mod:`.on_device`)."""
+    (on a GPU through upstream's differentiable torch paths, :mod:`.on_device`).
+
+    ``on_step(step, loss, snapshot)`` runs after each step; ``snapshot()`` gives the whole
+    training state (:func:`resume_state`'s input) and a true return stops the run there.
+    ``resume`` is such a state: the run goes on from its step with the model, optimizer,
+    schedule and batch generator as they were, so a run stopped and resumed ends with the
+    same weights, bit for bit, as one that was not. Returns the steps done."""
 
     from .on_device import differentiable_upstream_paths
 
@@ -290,12 +297,26 @@ def train_dit(components, examples: list[Example], settings: TrainSettings, log:
     components.transformer.to(target)
     try:
         with differentiable_upstream_paths():
-            _train_dit(components, examples, settings, log, generator, on_step, target)
+            return _train_dit(components, examples, settings, log, generator, on_step, target, resume)
     finally:
         components.transformer.to("cpu")
 
 
-def _train_dit(components, examples, settings, log, generator, on_step, target) -> None:
+def check_resumable(state: dict, settings: TrainSettings, config_digest: str) -> None:
+    """A saved DiT state continues only the run it came from: same settings, same model config."""
+
+    saved = state["log"]
+    for name, value in settings.as_dict().items():
+        if saved["settings"].get(name) != value:
+            raise InputError("--resume", f"the saved state was trained with {name}={saved['settings'].get(name)!r}, "
+                             f"this run asks {value!r}", "pass the saved run's settings, or start afresh in "
+                             "another --work folder")
+    if saved["config_digest"] != config_digest:
+        raise InputError("--resume", "the saved state is of another model config",
+                         "start afresh in another --work folder")
+
+
+def _train_dit(components, examples, settings, log, generator, on_step, target, resume) -> int:
     from .on_device import batch_to
     from vllm_omni.diffusion.models.magi2.pipeline_magi2 import DEFAULT_NEGATIVE_PROMPT
     from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
@@ -316,8 +337,22 @@ def _train_dit(components, examples, settings, log, generator, on_step, target) 
     trainable = [p for p in params if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.99))
     schedule = _cosine(optimizer, settings.dit_steps, warmup=min(100, settings.dit_steps // 10))
-    started = time.perf_counter()
-    for step in range(settings.dit_steps):
+    first = 0
+    if resume is not None:
+        transformer.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        schedule.load_state_dict(resume["schedule"])
+        generator.set_state(resume["generator"])
+        log.phases, log.seconds = resume["log"]["phases"], resume["log"]["seconds"]
+        first = resume["step"]
+    started = time.perf_counter() - log.seconds.get("dit_train", 0.0)
+
+    def snapshot(done: int) -> dict:
+        log.seconds["dit_train"] = round(time.perf_counter() - started, 1)
+        return {"step": done, "model": _on_cpu(transformer.state_dict()), "optimizer": _on_cpu(optimizer.state_dict()),
+                "schedule": schedule.state_dict(), "generator": generator.get_state(), "log": asdict(log)}
+
+    for step in range(first, settings.dit_steps):
         pick = torch.randint(len(examples), (settings.batch,), generator=generator).tolist()
         i2va = bool(torch.rand((), generator=generator) < settings.i2va_share)
         with torch.no_grad():
@@ -333,9 +368,23 @@ def _train_dit(components, examples, settings, log, generator, on_step, target) 
         if step % settings.log_every == 0 or step == settings.dit_steps - 1:
             log.add("dit", step, video=video_loss.item(), audio=audio_loss.item(), grad_norm=float(grad),
                     seconds=time.perf_counter() - started)
-        if on_step is not None:
-            on_step(step, loss.item())
+        if on_step is not None and on_step(step, loss.item(), lambda done=step + 1: snapshot(done)):
+            transformer.eval().requires_grad_(False)
+            return step + 1
     transformer.eval().requires_grad_(False)
+    return settings.dit_steps
+
+
+def _on_cpu(tree):
+    """A state dict (nested) with every tensor copied to the CPU, so it loads on any device."""
+
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {key: _on_cpu(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_on_cpu(value) for value in tree)
+    return tree
 
 
 def _cosine(optimizer, steps: int, warmup: int = 0):

@@ -69,3 +69,18 @@ def test_a_device_it_cannot_train_on_is_one_line_and_writes_nothing(tmp_path):
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith("train_tiny.py: error: --device:") and words in last and "Traceback" not in done.stderr
         assert not (tmp_path / "work").exists()
+
+
+def test_resume_without_a_saved_state_and_a_bad_stop_after_are_one_line_each_and_write_nothing(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "train_tiny.py"
+    for extra, words in ((["--resume"], "--resume:"), (["--stop-after", "0"], "--stop-after:")):
+        done = subprocess.run([sys.executable, str(script), "--work", str(tmp_path / "work"), "--phase", "dit",
+                               *extra], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"train_tiny.py: error: {words}") and "Traceback" not in done.stderr, done.stderr
+        assert not (tmp_path / "work").exists()

@@ -1,5 +1,7 @@
 """Training runs through upstream's classes and its checkpoint loads back into them (slow)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -74,6 +76,49 @@ def test_dit_steps_on_one_batch_lower_its_loss(setup, i2va):
         model.eval().requires_grad_(False)
         model.load_state_dict(state)
     assert losses[-1] < losses[0], losses
+
+
+def test_a_dit_run_stopped_and_resumed_ends_with_the_uninterrupted_runs_weights_bit_for_bit(setup):
+    """A device call's time limit splits a long run; --resume must continue it exactly: model,
+    AdamW moments, schedule and the batch generator all come back (any one left out changes the
+    weights)."""
+    config, _, components, examples, _ = setup
+    settings = trainer.TrainSettings(scenes=3, dit_steps=4, batch=2, log_every=1)
+    model = components.transformer
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def run(stop_after: int | None = None, resume: dict | None = None) -> tuple[dict, dict | None, trainer.TrainLog]:
+        model.load_state_dict(initial)
+        log = trainer.TrainLog(settings.as_dict(), config.digest)
+        saved = {}
+
+        def on_step(step, loss, snapshot):
+            if stop_after is not None and step + 1 == stop_after:
+                saved["state"] = snapshot()
+                return True
+            return False
+
+        done = trainer.train_dit(components, examples, settings, log, torch.Generator().manual_seed(2),
+                                 on_step=on_step, resume=resume)
+        assert done == (stop_after or settings.dit_steps)
+        return {k: v.clone() for k, v in model.state_dict().items()}, saved.get("state"), log
+
+    try:
+        straight, _, straight_log = run()
+        _, state, _ = run(stop_after=2)
+        assert state["step"] == 2
+        trainer.check_resumable(state, settings, config.digest)
+        resumed, _, resumed_log = run(resume=state)
+    finally:
+        model.load_state_dict(initial)
+    changed = [k for k in straight if not torch.equal(straight[k], initial[k])]
+    assert changed, "four steps changed no weight"
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight), \
+        [k for k in straight if not torch.equal(straight[k], resumed[k])][:5]
+    strip = lambda log: [{k: v for k, v in row.items() if k != "seconds"} for row in log.phases["dit"]]  # noqa: E731
+    assert strip(resumed_log) == strip(straight_log)
+    with pytest.raises(InputError, match="--resume: the saved state was trained with dit_steps=4"):
+        trainer.check_resumable(state, replace(settings, dit_steps=8), config.digest)
 
 
 def test_the_trained_checkpoint_loads_back_into_upstreams_classes(setup, tmp_path):
