@@ -168,10 +168,10 @@ def _logits_combine_kernel(
 
 
 def post_residual(post_logits, residual_logits, alpha_post, bias_post, alpha_residual, bias_residual, *, scale,
-                  iterations, epsilon, out_dtype):
+                  iterations, epsilon, out_dtype, block_t: int | None = None, num_warps: int = 4):
     tokens = post_logits.shape[0]
     # Enough programs to fill the GPU at model sizes (15k tokens), 256 tokens each at large T.
-    block_t = max(32, min(256, triton.next_power_of_2(triton.cdiv(max(tokens, 1), 528))))
+    block_t = block_t or max(32, min(256, triton.next_power_of_2(triton.cdiv(max(tokens, 1), 528))))
     if post_logits.shape != (tokens, 4) or residual_logits.shape != (tokens, 4, 4):
         raise ValueError(f"expected post [T,4] and residual [T,4,4], got {tuple(post_logits.shape)}, "
                          f"{tuple(residual_logits.shape)}")
@@ -185,7 +185,7 @@ def post_residual(post_logits, residual_logits, alpha_post, bias_post, alpha_res
             post_out, res_out, tokens,
             post_logits.stride(0), post_logits.stride(1),
             residual_logits.stride(0), residual_logits.stride(1), residual_logits.stride(2),
-            float(scale), float(epsilon), ITERATIONS=int(iterations), BLOCK_T=block_t, num_warps=4,
+            float(scale), float(epsilon), ITERATIONS=int(iterations), BLOCK_T=block_t, num_warps=num_warps,
         )
     return post_out, res_out
 
@@ -227,7 +227,7 @@ def apply_pre(streams, alpha, bias, logits, *, scale, out_dtype, block_c: int = 
 
 
 def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_precision,
-           block_t: int = 64, block_k: int = 64):
+           block_t: int = 64, block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
     tokens, width = flattened.shape
     n_out = phi.shape[1]
     if phi.shape[0] != width or width % num_streams:
@@ -252,7 +252,7 @@ def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_p
         flattened, modality_ids if multi else phi_m, phi_m, partial, sumsq,
         tokens, flattened.stride(0), phi_m.stride(0),
         STREAM_WIDTH=stream_width, N_PAD=n_pad, MULTI_MODAL=multi, NUM_MODALITIES=weight.shape[0] if multi else 1,
-        BLOCK_T=block_t, BLOCK_K=block_k, DOT_PRECISION=dot_precision, num_warps=4, num_stages=3,
+        BLOCK_T=block_t, BLOCK_K=block_k, DOT_PRECISION=dot_precision, num_warps=num_warps, num_stages=num_stages,
     )
     _logits_combine_kernel[(triton.cdiv(tokens, 128),)](
         partial, sumsq, out, tokens, 1.0 / width, float(eps),
