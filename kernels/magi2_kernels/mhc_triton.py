@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -102,15 +104,21 @@ def _pre_kernel(
 @triton.jit
 def _logits_partial_kernel(
     x_ptr, modality_ptr, phi_ptr, partial_ptr, sumsq_ptr,
-    tokens, stride_xt, stride_phim,
+    tokens, stride_xt, stride_phim, stride_phip,
     STREAM_WIDTH: tl.constexpr, N_PAD: tl.constexpr, MULTI_MODAL: tl.constexpr, NUM_MODALITIES: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PHI_PARTS: tl.constexpr,
+    UPCAST_PARTS: tl.constexpr,
 ):
     """Partial ``x[:, stream] @ phi_m[stream]`` and sum of squares for one (token block, stream).
 
     ``phi_m = (w_m + 1) * phi`` has the norm weight of modality m folded in. Tokens arrive grouped
     by modality, so a block usually needs one modality; a block across a boundary runs once per
-    modality present and keeps each token's own result.
+    modality present and keeps each token's own result. ``PHI_PARTS`` 0: x in fp32 against the
+    fp32 ``phi_m`` at ``DOT_PRECISION``; 3: bf16 x as it is against ``phi_m`` split into three
+    bf16 terms (``phi_m = p1 + p2 + p3`` to fp32's 24 bits; each bf16 product is exact in the fp32
+    accumulator), three bf16 MMAs in place of tf32x3's three tf32 ones and no conversion of x.
+    ``UPCAST_PARTS``: the same products as fp32 ``ieee`` dots (Triton's interpreter multiplies bf16
+    tiles wrongly, so the CPU tests run the split this way).
     """
 
     t0 = tl.program_id(0) * BLOCK_T
@@ -140,10 +148,19 @@ def _logits_partial_kernel(
             sumsq = tl.zeros((BLOCK_T,), dtype=tl.float32)
             phi_rows = phi_ptr + m * stride_phim + stream * STREAM_WIDTH * N_PAD
             for k0 in tl.range(0, STREAM_WIDTH, BLOCK_K):
-                x = tl.load(x_rows + k0, mask=t_ok[:, None], other=0.0).to(tl.float32)
+                x_in = tl.load(x_rows + k0, mask=t_ok[:, None], other=0.0)
+                x = x_in.to(tl.float32)
                 sumsq += tl.sum(x * x, axis=1)
-                acc_m = tl.dot(x, tl.load(phi_rows + (k0 + k)[:, None] * N_PAD + n[None, :]), acc_m,
-                               input_precision=DOT_PRECISION)
+                phi_k = phi_rows + (k0 + k)[:, None] * N_PAD + n[None, :]
+                if PHI_PARTS == 0:
+                    acc_m = tl.dot(x, tl.load(phi_k), acc_m, input_precision=DOT_PRECISION)
+                else:
+                    for part in tl.static_range(PHI_PARTS):
+                        if UPCAST_PARTS:
+                            acc_m = tl.dot(x, tl.load(phi_k + part * stride_phip).to(tl.float32), acc_m,
+                                           input_precision="ieee")
+                        else:
+                            acc_m = tl.dot(x_in, tl.load(phi_k + part * stride_phip), acc_m)
             acc = tl.where((modality == m)[:, None], acc_m, acc)
     out = (stream * tokens + t64)
     tl.store(partial_ptr + out[:, None] * N_PAD + n[None, :], acc, mask=t_ok[:, None])
@@ -226,8 +243,20 @@ def apply_pre(streams, alpha, bias, logits, *, scale, out_dtype, block_c: int = 
     return out
 
 
+def split_bf16(phi: torch.Tensor, parts: int = 3) -> torch.Tensor:
+    """fp32 ``phi`` as ``parts`` bf16 terms stacked on a new dim -3, their sum ``phi`` to fp32's 24 bits."""
+
+    terms, rest = [], phi.float()
+    for _ in range(parts):
+        term = rest.to(torch.bfloat16)
+        terms.append(term)
+        rest = rest - term.float()
+    return torch.stack(terms, dim=-3)
+
+
 def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_precision,
-           block_t: int = 64, block_k: int = 64, num_warps: int = 4, num_stages: int = 3):
+           block_t: int = 64, block_k: int = 64, num_warps: int = 4, num_stages: int = 3,
+           bf16_split: bool = False):
     tokens, width = flattened.shape
     n_out = phi.shape[1]
     if phi.shape[0] != width or width % num_streams:
@@ -242,6 +271,9 @@ def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_p
     # Fold each modality's norm weight into its own copy of phi (padded to n_pad columns).
     phi_m = torch.zeros(weight.shape[0], width, n_pad, device=phi.device, dtype=torch.float32)
     phi_m[:, :, :n_out] = (weight + 1.0)[:, :, None] * phi.float()[None]
+    parts = 3 if bf16_split and flattened.dtype == torch.bfloat16 else 0
+    if parts:
+        phi_m = split_bf16(phi_m, parts)  # [modalities, parts, width, n_pad]
     partial = torch.empty(num_streams, tokens, n_pad, device=flattened.device, dtype=torch.float32)
     sumsq = torch.empty(num_streams, tokens, device=flattened.device, dtype=torch.float32)
     out = torch.empty(tokens, n_out, device=flattened.device, dtype=torch.float32)
@@ -250,9 +282,11 @@ def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_p
     multi = modality_ids is not None and weight.shape[0] > 1
     _logits_partial_kernel[(triton.cdiv(tokens, block_t), num_streams)](
         flattened, modality_ids if multi else phi_m, phi_m, partial, sumsq,
-        tokens, flattened.stride(0), phi_m.stride(0),
+        tokens, flattened.stride(0), phi_m.stride(0), phi_m.stride(1) if parts else 0,
         STREAM_WIDTH=stream_width, N_PAD=n_pad, MULTI_MODAL=multi, NUM_MODALITIES=weight.shape[0] if multi else 1,
-        BLOCK_T=block_t, BLOCK_K=block_k, DOT_PRECISION=dot_precision, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_T=block_t, BLOCK_K=block_k, DOT_PRECISION=dot_precision, PHI_PARTS=parts,
+        UPCAST_PARTS=os.environ.get("TRITON_INTERPRET", "0") == "1", num_warps=num_warps,
+        num_stages=num_stages,
     )
     _logits_combine_kernel[(triton.cdiv(tokens, 128),)](
         partial, sumsq, out, tokens, 1.0 / width, float(eps),

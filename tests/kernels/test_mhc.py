@@ -87,3 +87,22 @@ def test_projection_with_folded_norm(gen, poison, multimodal):
     ref = mhc.reference_logits(flat.double(), weight.double(), modality, 1e-6, phi.double())
     assert out.shape == (tokens, 24) and out.dtype == torch.float32
     assert rel_err(out, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("multimodal", [False, True])
+def test_projection_bf16_split_keeps_fp32_level_error(gen, poison, multimodal):
+    """bf16 x against phi as three bf16 terms: fp32-level error (one term alone: bf16's ~1e-3)."""
+    from magi2_kernels import mhc_triton
+
+    tokens, hidden = 45, 48
+    flat = torch.randn(tokens, 4 * hidden, generator=gen).bfloat16()
+    weight = torch.randn(3 if multimodal else 1, 4 * hidden, generator=gen) * 0.2
+    modality = torch.sort(torch.randint(0, 3, (tokens,), generator=gen)).values if multimodal else None
+    phi = torch.randn(4 * hidden, 24, generator=gen) / (4 * hidden) ** 0.5
+    ref = mhc.reference_logits(flat.double(), weight.double(), modality, 1e-6, phi.double())
+    out = mhc_triton.logits(flat, weight, modality, 1e-6, phi, num_streams=4, dot_precision="ieee", block_k=16,
+                            bf16_split=True)
+    assert rel_err(out, ref) <= 1e-5
+    parts = mhc_triton.split_bf16(phi)
+    assert parts.dtype == torch.bfloat16 and torch.equal(parts.float().sum(dim=0), phi)
+    assert rel_err(parts[0].double(), phi.double()) > 1e-4  # one bf16 term alone would not do
