@@ -10,7 +10,8 @@ the SBOM records for it, and its pins against what is installed; a file in a sit
 RECORD lists and the build did not leave (a ``.pth`` runs at every start); a byte code file Python would
 load in place of its source (a ``__pycache__`` .pyc whose header matches the source) whose code is not the
 source's (an edited .pyc that keeps its source hash runs changed code).
-``magi2studio doctor`` reports it and the studio's Environment tab shows the verdict.
+``magi2studio doctor`` reports it and the studio's Environment tab shows the verdict. Over 300 lines: one check a
+section (distributions, site folders, byte code, Debian, the lock), each beside how it reads what it checks.
 """
 
 from __future__ import annotations
