@@ -27,7 +27,6 @@ import os
 import re
 import subprocess
 import sys
-import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -231,12 +230,6 @@ def _bytecode_verdict(pyc: str, source: str, optimize: int) -> tuple[bool, str |
     return True, None
 
 
-def _bytecode_verdicts(items: list[tuple[str, str, int]]) -> list[tuple[bool, str | None]]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a source's own SyntaxWarning is not drift
-        return [_bytecode_verdict(*item) for item in items]
-
-
 def _stat_key(path: str) -> tuple[int, int, int, int]:
     stat = os.stat(path)
     return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
@@ -266,7 +259,8 @@ def bytecode_differences(sites: list[str]) -> tuple[int, list[str]]:
                     continue  # import loads no __pycache__ byte code without its source
                 items.append(((pyc, *_stat_key(pyc), *_stat_key(source)), (pyc, source, int(matched.group(1) or 0))))
     todo = [item for key, item in items if key not in _BYTECODE]
-    computed = dict(zip(todo, _bytecode_verdicts(todo), strict=True))
+    # No warnings filter around the compiles: it is process-wide, and the studio checks from a worker thread.
+    computed = dict(zip(todo, (_bytecode_verdict(*item) for item in todo), strict=True))
     checked, found = 0, []
     for key, item in items:
         if key not in _BYTECODE:
