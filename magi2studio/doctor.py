@@ -178,7 +178,8 @@ def render_drift(found: dict[str, Any] | None, most: int = 40) -> list[str]:
     if found is None:
         return [f"drift: not checked (no SBOM at {drift.SBOM_PATH}: not running in the magi2studio image)"]
     counted = (f"{found['distributions']} Python distributions ({found['files_checked']} files by their RECORD "
-               f"sha256), {found['debian_packages']} Debian packages")
+               f"sha256, {found['bytecode_checked']} byte code files against their source), "
+               f"{found['debian_packages']} Debian packages")
     if found["ok"]:
         return [f"drift: none: the environment equals the image's SBOM and lock ({counted})"]
     lines = [f"drift: {len(found['differences'])} difference(s) from the image's SBOM and lock ({counted})"]

@@ -11,7 +11,8 @@ Env switches (read in the worker, so set them before the engine starts):
   records to ``steps-rank<N>.jsonl``; rank 0 also appends ``progress.jsonl`` (one line per
   finished step). Unset: hooks stay installed but nothing is timed.
 - ``MAGI2STUDIO_CANCEL_FILE``: when this file exists at a step end, the step raises
-  :class:`~magi2studio.errors.Cancelled` (a step-boundary stop; host-side ``os.path.exists``).
+  :class:`~magi2studio.errors.Cancelled` (a step-boundary stop; host-side ``os.path.exists``), on every rank
+  at the same step once any rank saw it (:func:`seen_by_any_rank`).
 - ``MAGI2STUDIO_PREVIEW_MAP`` / ``MAGI2STUDIO_PREVIEW_EVERY``: rank 0 writes the live preview
   (:mod:`.engines.live_preview`) every N steps (default 10) into ``<metrics>/preview/``; the map is a
   file ``scripts/fit_preview_map.py`` wrote for this decoder. Unset: no preview.
@@ -95,11 +96,34 @@ class WorkerStepTimer(StepTimer):
         if self.rank == 0:
             with open(self.metrics_dir / PROGRESS_FILE, "a", encoding="utf-8") as file:
                 file.write(json.dumps({"stage": stage, "step": index, "total": total}) + "\n")
-        if self.cancel_file and os.path.exists(self.cancel_file):
+        if self.cancel_file and seen_by_any_rank(os.path.exists(self.cancel_file)):
             raise Cancelled(f"cancelled after {stage} step {index + 1} of {total}")
 
     def _sample_finished(self, records: list[StepRecord]) -> None:
         write_jsonl(records, steps_file(self.metrics_dir, self.rank))
+
+
+def seen_by_any_rank(seen: bool) -> bool:
+    """Whether any rank of this worker's world saw ``seen``: every rank gets the same answer at the same step.
+
+    Each rank looks for the cancel file on its own, a moment apart; one that saw it stopped while another went
+    on into the next step's collectives, and both waited until the studio's step watchdog ended the engine.
+    One gloo all-reduce on the world group's CPU side (where upstream's own cancellation check votes).
+    """
+
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return seen
+    from vllm_omni.diffusion.distributed import parallel_state
+
+    group = parallel_state.get_world_group().cpu_group if parallel_state._WORLD is not None else None
+    if dist.get_world_size(group) <= 1:
+        return seen
+    flag = torch.tensor([int(seen)], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())
 
 
 def live_preview_from_env(metrics_dir: Path, environ: Mapping[str, str] = os.environ) -> LivePreview | None:

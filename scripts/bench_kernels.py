@@ -614,12 +614,22 @@ def card_slug(device_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def stamp_rows(results: dict) -> None:
-    """Every row says which card measured it, so a table copied out of the JSON still names it."""
+def device_name(dev: str) -> str:
+    """The card the bench runs on, as the driver names it ("NVIDIA H100 80GB HBM3"), or "cpu"."""
 
-    for section in ("rows", "mhc", "attention_sink"):
-        for row in results.get(section, []):
-            row["device"] = results["device"]
+    return torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+
+
+def stamp_rows(results: dict) -> None:
+    """Every row says which card measured it, so a table copied out of the JSON still names it: each list of rows
+    (MoE shapes, mHC, sink, variants, checks) and the sweep's candidates."""
+
+    sections = [rows for rows in results.values() if isinstance(rows, list)]
+    sections.append(results.get("sweep", {}).get("candidates", []))
+    for rows in sections:
+        for row in rows:
+            if isinstance(row, dict):
+                row["device"] = results["device"]
 
 
 def default_out_dir() -> str:
@@ -648,7 +658,7 @@ def main() -> None:
         # The interpreter cannot read tl.constexpr module globals inside upstream's jit function.
         mh._SWIGLU7_ALPHA, mh._SWIGLU7_LIMIT, mh._SWIGLU7_BIAS = 1.702, 7.0, 1.0
     date = datetime.date.today().isoformat()
-    results = dict(date=date, device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+    results = dict(date=date, device=device_name(dev),
                    command=" ".join([os.path.basename(sys.executable), *sys.argv]),
                    versions=dict(torch=torch.__version__, triton=triton.__version__, vllm_omni="0.30.0",
                                  python=sys.version.split()[0]),

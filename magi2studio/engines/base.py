@@ -19,7 +19,7 @@ import numpy as np
 
 from ..vocabulary.layouts import Layout
 from ..vocabulary.request import RANDOM_SEED, Request
-from ..vocabulary.tiers import Tier, get_tier
+from ..vocabulary.tiers import TIERS, Tier, get_tier
 
 @dataclass(frozen=True)
 class Plan:
@@ -148,11 +148,19 @@ class Engine(ABC):
         """Make the engine ready for ``layout``; return True if that (re)started it."""
 
     def not_ready(self) -> str | None:
-        """Why this engine cannot take a job now (the studio's /health/ready), or None when it can.
+        """Why this engine cannot take a job of any tier now, or None when it can take one.
 
         The default suits an engine whose weights are generated at first use (the embedded one).
         """
         return None
+
+    def tiers_not_ready(self) -> dict[str, str | None]:
+        """Per tier, why a job of that tier cannot run now, or None when it can (the studio's /health/ready).
+
+        The default: every tier as the whole engine (``not_ready``); an engine whose tiers need other files
+        (the vLLM-Omni engine: 1080p's refiner) answers per tier.
+        """
+        return dict.fromkeys(TIERS, self.not_ready())
 
     @property
     @abstractmethod

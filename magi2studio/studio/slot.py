@@ -301,6 +301,14 @@ class EngineSlot:
         self._snapshot = self.queue.read()
         self._signature = self.queue.signature()
 
+    def _refresh_or_log(self) -> None:
+        """Re-read the file where the worker goes on either way: a damaged or unreadable file keeps the last
+        view and is named in the log; the watcher reads it again once it changes or can be read (holds ``_cond``)."""
+        try:
+            self._refresh()
+        except (InputError, OSError) as err:
+            log.warning("queue: the queue file could not be read back (%s)", err)
+
     def _reconcile(self) -> None:
         """Tell followers of jobs cancelled elsewhere; pass a stop request to the running job (holds ``_cond``)."""
         for record in self._snapshot.jobs:
@@ -314,17 +322,26 @@ class EngineSlot:
                 job.events.put(Update("cancelled", message=record.message or f"the job was {record.state}"))
 
     def _watch(self) -> None:
-        """Re-read the file when another process changed it (a job added, a cancel asked), also while a job runs."""
+        """Re-read the file when another process changed it (a job added, a cancel asked), also while a job runs.
+        A file that cannot be read for a while (a lost mount, its permissions) is read again at the next look."""
+        unreadable = False
         with self._cond:
             while not self._closed:
-                if self.queue.signature() != self._signature:
-                    try:
-                        self._refresh()
-                    except InputError as err:  # a damaged file: keep the last good view, say why in the log
-                        log.warning("%s", err)
-                        self._signature = self.queue.signature()
-                    self._reconcile()
-                    self._cond.notify_all()
+                try:
+                    if self.queue.signature() != self._signature:
+                        try:
+                            self._refresh()
+                        except InputError as err:  # a damaged file: keep the last good view, say why in the log
+                            log.warning("%s", err)
+                            self._signature = self.queue.signature()
+                        self._reconcile()
+                        self._cond.notify_all()
+                    unreadable = False
+                except OSError as err:  # the last good view stays; logged once a spell, not every look
+                    if not unreadable:
+                        log.warning("queue: cannot read the queue file (%s: %s); trying again every %.1f s",
+                                    type(err).__name__, err, SYNC_S)
+                    unreadable = True
                 self._cond.wait(timeout=SYNC_S)
 
     def _next(self) -> tuple[JobRecord, Job | None] | None:
@@ -334,15 +351,15 @@ class EngineSlot:
                 if self._snapshot.waiting() and not self._snapshot.paused:
                     try:
                         record = self.queue.claim_next()
-                        self._refresh()
                     except InputError as err:  # a damaged file: nothing runs until it is moved away
                         log.warning("%s", err)
                         record = None
                     except OSError as err:  # a full disk, a lost mount: the file is unchanged (written atomically)
-                        log.warning("queue: could not claim the next job (%s: %s); trying again in %.0f s",
+                        log.warning("queue: could not claim the next job (%s: %s); trying again in %.1f s",
                                     type(err).__name__, err, SYNC_S)
                         record = None
-                    if record is not None:
+                    if record is not None:  # claimed (running in the file): it runs even if the re-read fails
+                        self._refresh_or_log()
                         return record, self._jobs.get(record.id)
                 self._cond.wait(timeout=SYNC_S)
             return None
@@ -414,10 +431,7 @@ class EngineSlot:
         except (InputError, OSError) as err:  # the run folder is the record; the list just misses this line
             log.warning("job %d: the queue file could not be updated: %s", record.ticket, err)
         with self._cond:
-            try:
-                self._refresh()
-            except InputError as err:
-                log.warning("%s", err)
+            self._refresh_or_log()
         if job is not None:
             if state == "done":
                 job.events.put(Update("done", run=run))

@@ -314,3 +314,65 @@ def test_a_multi_arch_debian_package_is_checked_per_architecture(monkeypatch):
     drift.check_debian(sbom, found)
     assert found.differences == ["Debian libc6:i386: version 2.36-9+evil installed, 2.36-9 in the SBOM"]
     assert found.debian_packages == 3
+
+
+def _sbom_file(site: Path, reports: Path, tmp_path: Path) -> Path:
+    sbom_path = tmp_path / "sbom.cdx.json"
+    sbom_path.write_text(json.dumps({"components": _sbom(site, reports), "metadata": {"properties": [
+        {"name": "magi2studio:unrecorded_files", "value": "\n".join(drift.unrecorded_files([str(site)]))}]}}))
+    return sbom_path
+
+
+def test_an_edited_pyc_that_keeps_its_source_hash_runs_changed_code_and_is_drift(installed, tmp_path):
+    """The image compiles checked-hash .pyc after install (no RECORD lists them) and import checks only the source
+    hash in the header: byte code edited under the same header ran other code with 'drift: none'."""
+    import compileall
+    import importlib.util
+    import marshal
+    import py_compile
+    import shutil
+
+    site, reports, _ = installed
+    sbom_path = _sbom_file(site, reports, tmp_path)
+    source = site / "yaml" / "__init__.py"
+    pyc = Path(importlib.util.cache_from_source(str(source)))
+    try:
+        assert compileall.compile_dir(str(site), quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+        built = drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False)
+        assert built.ok and built.bytecode_checked > 20, built.differences  # the build's own byte code passes
+        header = pyc.read_bytes()[:16]
+        evil = compile(source.read_text().replace("__version__ = '6.0.3'", "__version__ = 'changed'"), str(source),
+                       "exec", dont_inherit=True)
+        pyc.write_bytes(header + marshal.dumps(evil))
+        ran = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); "
+                              "import yaml; print(yaml.__version__)"], capture_output=True, text=True, check=True)
+        assert ran.stdout.strip() == "changed"  # what the edited byte code does, the source untouched
+        found = drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False)
+        assert found.differences == [f"{pyc}: its code differs from its source __init__.py, and Python runs it in "
+                                     "the source's place (its header matches the source)"]
+        # A stale .pyc (its header names another source) is not loaded, so not a difference.
+        pyc.write_bytes(header[:8] + bytes(8) + marshal.dumps(evil))
+        assert drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False).ok
+    finally:
+        for cache in list(site.rglob("__pycache__")):
+            shutil.rmtree(cache)
+    assert drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False).ok
+
+
+def test_gradios_hash_seed_written_at_run_time_is_not_drift_and_other_files_are(installed, tmp_path):
+    """Gradio writes gradio/hash_seed.txt into its own folder at its first start where it may (a root container):
+    a seed for its cache file names, which drift named as an added file."""
+    site, reports, _ = installed
+    sbom_path = _sbom_file(site, reports, tmp_path)
+    seed, other = site / "gradio" / "hash_seed.txt", site / "gradio" / "other.txt"
+    try:
+        seed.parent.mkdir()
+        seed.write_text("0123456789abcdef")
+        assert drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False).ok
+        other.write_text("x")
+        assert drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False).differences == [
+            f"{other}: in a site folder but in no RECORD, and not there when the image was built"]
+    finally:
+        for path in (seed, other):
+            path.unlink(missing_ok=True)
+        seed.parent.rmdir()

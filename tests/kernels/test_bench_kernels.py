@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -48,3 +49,32 @@ def test_the_output_file_and_every_row_name_the_card_that_ran(bench, name, slug)
     results = dict(device=name, rows=[{"label": "a"}], mhc=[{"label": "b"}], attention_sink=[{}])
     bench.stamp_rows(results)
     assert all(row["device"] == name for section in ("rows", "mhc", "attention_sink") for row in results[section])
+
+
+def test_a_run_names_its_card_in_the_file_name_and_every_row(bench, monkeypatch, tmp_path):
+    """main() itself, on this CPU with the device faked as an H100: the file name and every row of every section
+    (MoE shapes, mHC, sink, variants, the sweep's candidates, checks) name it. The measuring is stood in for."""
+    import datetime
+
+    import vllm_omni
+
+    def moe(args, mh, dev, smoke, results, checks, save):
+        results["rows"].append({"label": "272p", "routing": {}})
+        results["variants"] = [{"variant": "default", "ms": 1.0}]
+        results["sweep"] = {"routing": "balanced", "candidates": [{"kernel": "w13", "ms": 1.0}]}
+        checks.append({"check": "moe_x", "ours_det_rel_err": 3e-3, "deterministic_bit_identical": True})
+        save()
+
+    monkeypatch.setattr(bench, "device_name", lambda dev: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(bench, "run_moe", moe)
+    monkeypatch.setattr(bench, "run_mhc", lambda mhc_up, dev, smoke, results, checks: results["mhc"].append({}))
+    monkeypatch.setattr(bench, "run_sink", lambda dev, smoke, results, checks: results["attention_sink"].append({}))
+    site = Path(vllm_omni.__file__).parents[1]
+    monkeypatch.setattr(sys, "argv", ["bench_kernels.py", "--upstream-site", str(site), "--out", str(tmp_path)])
+    bench.main()
+    written = list(tmp_path.glob("*.json"))
+    assert [path.name for path in written] == [f"kernels-h100-smoke-{datetime.date.today().isoformat()}.json"]
+    results = json.loads(written[0].read_text())
+    rows = [row for rows in results.values() if isinstance(rows, list) for row in rows]
+    rows += results["sweep"]["candidates"]
+    assert len(rows) == 6 and all(row["device"] == "NVIDIA H100 80GB HBM3" for row in rows), rows

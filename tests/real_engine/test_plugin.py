@@ -146,3 +146,16 @@ def test_an_aborted_request_stops_at_the_next_step_boundary_on_every_rank(tmp_pa
         assert {end["ended"] for end in ends} == {"DiffusionRequestAbortedError"}, ends
         ran = {end["steps"] for end in ends}
         assert len(ran) == 1 and ran <= {2, 3}, ends  # the flag is set as step 1 begins; a rank may see it a step later
+
+
+@pytest.mark.slow
+def test_the_cancel_file_stops_every_rank_at_the_same_step_when_one_rank_sees_it(tmp_path):
+    """Each rank looked for the studio's cancel file on its own at a step end: touched between two ranks' looks,
+    one rank stopped and the other went on into the next step's collectives, and the engine hung until the step
+    watchdog ended it. The ranks now agree: once any rank sees it, every rank stops at that step."""
+
+    from .tiny_sampler import spawn_cancel_file
+
+    spawn_cancel_file(2, str(tmp_path))
+    ends = [json.loads((tmp_path / f"cancel-file-rank{rank}.json").read_text())["ended"] for rank in range(2)]
+    assert ends == ["Cancelled", "Cancelled"], ends

@@ -182,3 +182,36 @@ def spawn_aborted(world_size: int, cfg_parallel_size: int, steps: int, out_dir: 
 
     mp.spawn(run_rank_aborted, args=(world_size, free_port(), cfg_parallel_size, steps, out_dir, signal_name,
                                      abort_at_step), nprocs=world_size)
+
+
+def run_rank_cancel_file(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """One spawned rank whose cancel file only rank 0 finds at a step end (each looks a moment apart from the
+    others; here the others never find theirs). Writes whether the step end stopped this rank."""
+
+    import json
+
+    from magi2studio.errors import Cancelled
+
+    os.environ.update(MAGI2STUDIO_METRICS_DIR=out_dir, MAGI2STUDIO_CANCEL_FILE=os.path.join(out_dir, f"cancel-{rank}"))
+    timer = load_entry_point_plugin()["timer"]
+    join_group(rank, world_size, port, cfg_parallel_size=world_size)
+    if rank == 0:
+        open(os.environ["MAGI2STUDIO_CANCEL_FILE"], "w").close()
+    timer.rank = rank
+    try:
+        timer.on_step("preview", 1, 6)
+        ended = "went on"
+    except Cancelled:
+        ended = "Cancelled"
+    with open(os.path.join(out_dir, f"cancel-file-rank{rank}.json"), "w", encoding="utf-8") as file:
+        json.dump({"ended": ended}, file)
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def spawn_cancel_file(world_size: int, out_dir: str) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(run_rank_cancel_file, args=(world_size, free_port(), out_dir), nprocs=world_size)

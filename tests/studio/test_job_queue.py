@@ -459,3 +459,88 @@ def test_a_queue_file_that_cannot_be_written_for_a_while_does_not_stop_the_worke
         assert refused and len(calls) >= 2 and slot.serving
     finally:
         slot.close()
+
+
+class _Refuses:
+    """An engine whose plan refuses every job: a queued job ends 'refused' at once, nothing is run."""
+
+    name, layout = "stand-in", None
+
+    def plan(self, request, layout):
+        raise InputError("prompt", "refused by the stand-in", "nothing to fix")
+
+
+def _unreadable_once(slot: EngineSlot, armed: list) -> None:
+    """The slot's queue file cannot be read once, at the first read after ``armed`` is set (a lost mount, EACCES)."""
+    import errno
+
+    read = slot.queue.read
+
+    def read_or_fail():
+        if armed and not armed[0]:
+            armed[0] = True
+            raise PermissionError(errno.EACCES, "Permission denied", str(slot.queue.path))
+        return read()
+
+    slot.queue.read = read_or_fail
+
+
+def test_a_queue_file_that_cannot_be_read_for_a_while_does_not_stop_the_watcher(tmp_path):
+    """The thread that re-reads the queue file when another process changes it ended on an OSError from that read:
+    a job the CLI added afterwards was never seen by the studio and stayed waiting. The read is tried again."""
+    slot = EngineSlot(_Refuses(), tmp_path)
+    armed: list = []
+    _unreadable_once(slot, armed)
+    try:
+        armed.append(False)
+        job = JobQueue(tmp_path).add(REQUEST, "sp1-cfg1", owner="cli", source="cli")
+        refused = wait_until(lambda: JobQueue(tmp_path).read().find(job.id).state == "refused", 20)
+        assert armed == [True] and refused and slot.serving
+    finally:
+        slot.close()
+
+
+def test_a_claimed_job_runs_when_the_queue_file_cannot_be_read_back_at_once(tmp_path):
+    """The worker claimed a job (marked running in the file), then re-read the file; an OSError from that read
+    dropped the claimed job: it stayed 'running' in the file for good and never ran."""
+    slot = EngineSlot(_Refuses(), tmp_path)
+    armed: list = []
+    _unreadable_once(slot, armed)
+    claim = slot.queue.claim_next
+
+    def claim_then_fail_the_read():
+        record = claim()
+        armed.append(False)
+        return record
+
+    slot.queue.claim_next = claim_then_fail_the_read
+    try:
+        job = JobQueue(tmp_path).add(REQUEST, "sp1-cfg1", owner="cli", source="cli")
+        refused = wait_until(lambda: JobQueue(tmp_path).read().find(job.id).state == "refused", 20)
+        assert armed[0] is True and refused and slot.serving, JobQueue(tmp_path).read().find(job.id).state
+    finally:
+        slot.close()
+
+
+def test_a_queue_file_that_cannot_be_read_after_a_job_ends_does_not_stop_the_worker(tmp_path):
+    """After a job ends the worker re-reads the queue file; an OSError there ended the worker thread and no job
+    ran again until a restart."""
+    slot = EngineSlot(_Refuses(), tmp_path)
+    armed: list = []
+    _unreadable_once(slot, armed)
+    update = slot.queue.update
+
+    def update_then_fail_the_read(*args, **kwargs):
+        result = update(*args, **kwargs)
+        armed.append(False)
+        return result
+
+    slot.queue.update = update_then_fail_the_read
+    try:
+        first = JobQueue(tmp_path).add(REQUEST, "sp1-cfg1", owner="cli", source="cli")
+        assert wait_until(lambda: JobQueue(tmp_path).read().find(first.id).state == "refused", 20)
+        second = JobQueue(tmp_path).add(REQUEST, "sp1-cfg1", owner="cli", source="cli")
+        assert wait_until(lambda: JobQueue(tmp_path).read().find(second.id).state == "refused", 20)
+        assert armed[0] is True and slot.serving
+    finally:
+        slot.close()

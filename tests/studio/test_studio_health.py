@@ -22,6 +22,10 @@ def _get(url: str) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
+ALL_READY = {"ready": True, "reason": None,
+             "tiers": {name: {"ready": True, "reason": None} for name in ("272p", "540p", "1080p")}}
+
+
 @pytest.fixture
 def weights_studio(tmp_path, monkeypatch):
     from magi2studio.engines.vllm_omni import engine as vllm_engine
@@ -50,7 +54,7 @@ def test_readiness_turns_false_while_the_weights_are_missing_and_liveness_stays(
     url, tree, ctx = weights_studio
     # No login for the probes, though the studio asks for one.
     assert _get(url + "/health/live") == (200, {"live": True})
-    assert _get(url + "/health/ready") == (200, {"ready": True, "reason": None})
+    assert _get(url + "/health/ready") == (200, ALL_READY)
 
     vae = tree / "vae" / "Wan2.2_VAE.pth"
     shutil.move(vae, tree / "moved-away.pth")
@@ -59,8 +63,10 @@ def test_readiness_turns_false_while_the_weights_are_missing_and_liveness_stays(
     assert "vae/Wan2.2_VAE.pth missing" in body["reason"], body
     assert _get(url + "/health/live") == (200, {"live": True})
 
+    assert all(not tier["ready"] and "vae/Wan2.2_VAE.pth missing" in tier["reason"] for tier in body["tiers"].values())
+
     shutil.move(tree / "moved-away.pth", vae)
-    assert _get(url + "/health/ready") == (200, {"ready": True, "reason": None})
+    assert _get(url + "/health/ready") == (200, ALL_READY)
 
     ctx.slot.close()
     status, body = _get(url + "/health/ready")
@@ -122,8 +128,8 @@ def test_readiness_turns_false_when_the_slots_worker_has_stopped(tmp_path):
     class Idle:
         name, layout = "stand-in", None
 
-        def not_ready(self):
-            return None
+        def tiers_not_ready(self):
+            return {"272p": None}
 
     def claim_fails():
         raise RuntimeError("an error the worker does not expect")
@@ -156,7 +162,7 @@ def test_readiness_that_cannot_be_checked_is_a_503_with_one_line_not_a_500(tmp_p
     from magi2studio.studio import health
 
     class Unreadable:
-        def not_ready(self):
+        def tiers_not_ready(self):
             raise PermissionError(13, "Permission denied", "/models/MAGI-2-preview/dit/model-00001.safetensors")
 
     ctx = SimpleNamespace(slot=SimpleNamespace(closed=False, serving=True), engine=Unreadable())
@@ -167,3 +173,33 @@ def test_readiness_that_cannot_be_checked_is_a_503_with_one_line_not_a_500(tmp_p
     assert body["ready"] is False and "\n" not in body["reason"]
     assert body["reason"].startswith("readiness could not be checked (PermissionError: ") and "model-00001" in \
         body["reason"]
+
+
+def test_readiness_names_each_tier_and_a_tree_without_the_refiner_is_ready_for_272p_not_1080p(tmp_path, monkeypatch):
+    """1080p runs Sand AI's refiner from refiner/; readiness checked the 272p files only, so a tree without the
+    refiner said ready and a 1080p job failed at its start. Ready for the tiers that can run, each tier's reason."""
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from magi2studio.engines.vllm_omni import engine as vllm_engine
+    from magi2studio.studio import health
+
+    monkeypatch.setattr(vllm_engine, "device_names", lambda: ["test GPU 0"])
+    tree = synthetic_tree(tmp_path / "MAGI-2-preview")
+    engine = vllm_engine.VllmOmniEngine(checkpoint_root=str(tree), work_dir=str(tmp_path / "work"))
+    ctx = SimpleNamespace(slot=SimpleNamespace(closed=False, serving=True), engine=engine)
+    with TestClient(Starlette(routes=health.routes(ctx))) as client:
+        assert (lambda r: (r.status_code, r.json()))(client.get(health.READY)) == (200, ALL_READY)
+        shutil.rmtree(tree / "refiner")
+        response = client.get(health.READY)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["ready"] is True and body["reason"] is None
+        assert body["tiers"]["272p"] == body["tiers"]["540p"] == {"ready": True, "reason": None}
+        assert body["tiers"]["1080p"] == {"ready": False, "reason": f"weights {tree} incomplete for 1080p: refiner/ "
+                                          "missing: the 1080p tier runs Sand AI's refiner checkpoint from here"}
+        monkeypatch.setattr(vllm_engine, "device_names", lambda: [])
+        body = client.get(health.READY).json()
+        assert body["ready"] is False and body["reason"].startswith("no CUDA/MUSA GPU is visible here")

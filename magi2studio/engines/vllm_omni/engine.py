@@ -22,7 +22,7 @@ from ..metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
 from ...platform import current_platform
 from ...vocabulary.request import Request
 from ...vocabulary.tiers import TIERS, Tier
-from ...weights import check_weights, resolve_root
+from ...weights import WeightsReport, check_weights, resolve_root
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
 from .capabilities import detect, tier_refusal
 from . import params
@@ -127,17 +127,31 @@ class VllmOmniEngine(Engine):
         return True
 
     def not_ready(self) -> str | None:
-        """The weights checked as ``start`` checks them (files present, headers whole), and a GPU visible."""
-        try:
-            report = check_weights(self.checkpoint_root, "272p")
-        except InputError as err:
-            return str(err)
-        if not report.ok:
-            return f"weights {self.checkpoint_root} incomplete: " + "; ".join(
-                f"{path} {problem}" for path, problem in report.problems)
-        if not device_names():
-            return "no CUDA/MUSA GPU is visible here (vLLM-Omni's MAGI-2 pipeline requires GPUs)"
-        return None
+        """Why no tier can run: the least demanding tier's reason (every tier needs its weights), or None."""
+        reasons = self.tiers_not_ready()
+        return None if None in reasons.values() else next(iter(reasons.values()))
+
+    def tiers_not_ready(self) -> dict[str, str | None]:
+        """Per tier, its weights checked as a job of it checks them (files present, headers whole; 1080p also the
+        refiner), and a GPU visible. A tree without ``refiner/`` runs 272p and 540p, not 1080p."""
+        checked: dict[bool, WeightsReport | str] = {}  # the one-stage tiers need the same files: checked once
+        gpu = None if device_names() else "no CUDA/MUSA GPU is visible here (vLLM-Omni's MAGI-2 pipeline requires GPUs)"
+        reasons: dict[str, str | None] = {}
+        for name, tier in TIERS.items():
+            if tier.refined not in checked:
+                try:
+                    checked[tier.refined] = check_weights(self.checkpoint_root, name)
+                except InputError as err:
+                    checked[tier.refined] = str(err)
+            report = checked[tier.refined]
+            if isinstance(report, str):
+                reasons[name] = report
+            elif not report.ok:
+                reasons[name] = f"weights {self.checkpoint_root} incomplete for {name}: " + "; ".join(
+                    f"{path} {problem}" for path, problem in report.problems)
+            else:
+                reasons[name] = gpu
+        return reasons
 
     def _check_weights(self, tier_name: str) -> None:
         report = check_weights(self.checkpoint_root, tier_name)
