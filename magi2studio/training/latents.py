@@ -2,7 +2,8 @@
 
 The real model's latents come from a trained VAE encoder; the tiny one has none (upstream's
 Wan2.2 VAE cannot be built small, see ``components.STAND_INS``). So the latent of a scene is
-a fixed, deterministic code of the scene, and the tiny decoders are fitted to invert it:
+a fixed, deterministic code of the scene, and the tiny decoders' weights are set to invert it
+(the video decoder as far as TurboVAE's layers can, :func:`video_decoder_state`):
 
 * **video**: each latent frame is the scene frame at that latent's time, area-averaged to
   ``4 x 4`` sub-cells per latent cell, RGB in [-1, 1], stacked as the 48 channels
