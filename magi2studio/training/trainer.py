@@ -119,8 +119,8 @@ def make_examples(config: TinyConfig, settings: TrainSettings,
 # -- decoders ---------------------------------------------------------------------------------
 def set_video_decoder(decoder) -> None:
     """Upstream's TurboVAE decoder set to the part of the video code's inverse it can compute: each
-    latent cell's mean colour, exact in time (not fitted: a 3000-step fit reached colour 62.5% on
-    the codes and is not deterministic across machines; docs/training.md)."""
+    latent cell's mean colour, exact in time (not fitted: a 3000-step fit took 612 s and drew
+    every shape as a round blur; docs/training.md, "The video decoder, set")."""
 
     decoder.decoder.load_state_dict(codes.video_decoder_state(decoder.decoder, decoder.latent_mean,
                                                               decoder.latent_std))
