@@ -138,18 +138,13 @@ def analyse_video(frames: np.ndarray) -> VideoObservation:
                                 f"{_TELEPORT_DISTANCE:.0%} of the frame in one frame): blotches, not one moving object",
                                 ())
     rgb = np.median(np.stack(colours), axis=0)
-    colour = _nearest(rgb, COLOURS)
-    if np.sum((rgb - bg_rgb) ** 2) < np.sum((rgb - np.array(COLOURS[colour], dtype=np.float64)) ** 2):
-        return VideoObservation(background, bg_tuple, found, None, None, None, None, None, None,
-                                f"what stood out is {tuple(int(round(c)) for c in rgb)}, nearer the background's "
-                                f"colour than any object's ({colour} the nearest): a cast, not an object", ())
     fill = float(np.median(fills))
     shape = "triangle" if fill < _FILL_TRIANGLE_BELOW else "square" if fill > _FILL_SQUARE_ABOVE else "circle"
     valid = ~np.isnan(centroids[:, 0])
     track = np.stack([np.interp(np.arange(count), np.nonzero(valid)[0], centroids[valid, axis]) for axis in (0, 1)],
                      axis=1)
     motion, detail = classify_motion(track)
-    return VideoObservation(background, bg_tuple, found, colour, tuple(int(round(c)) for c in rgb),
+    return VideoObservation(background, bg_tuple, found, _nearest(rgb, COLOURS), tuple(int(round(c)) for c in rgb),
                             shape, fill, track, motion, detail, bounce_frames(track))
 
 

@@ -163,19 +163,3 @@ def test_a_blotch_that_jumps_between_places_is_no_object_even_in_the_captions_co
     result = score_clip(scene.facts, cast, audio, scene.fps, scene.sample_rate)
     colour = result.verdict("colour")
     assert colour.match is False and colour.observed.startswith("no object"), colour.line()
-
-
-def test_a_still_soft_cast_in_the_captions_colour_is_no_object(clip):
-    """Issue 28: a soft glow of the caption's colour over the background (no edge, no motion) read
-    'colour: match'. What stands out is nearer the background's colour than the named colour's."""
-    scene, frames, audio, _ = clip
-    count, height, width = frames.shape[:3]
-    background = frames[0, :3, :3].reshape(-1, 3).mean(axis=0)
-    ys, xs = np.mgrid[0:height, 0:width]
-    weight = np.exp(-(((ys - height / 2) / (0.2 * height)) ** 2 + ((xs - width / 2) / (0.2 * width)) ** 2))[..., None]
-    glow = (background * (1 - weight) + np.array(scenes.COLOURS[scene.facts.colour]) * weight).astype(np.uint8)
-    result = score_clip(scene.facts, np.ascontiguousarray(np.broadcast_to(glow, frames.shape)), audio, scene.fps,
-                        scene.sample_rate)
-    colour = result.verdict("colour")
-    assert colour.match is False and colour.observed.startswith("no object"), colour.line()
-    assert "nearer the background's colour than any object's" in colour.observed
