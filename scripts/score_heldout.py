@@ -13,7 +13,10 @@ per attribute; the table printed last is that share.
 ``--decode-codes`` skips the DiT: each held-out scene's own latent codes
 (magi2studio.training.latents) go through the checkpoint's decoders and the driver's decode
 steps, and the clip is scored against its caption. That is the most the DiT could reach with
-these decoders (and says nothing about the DiT).
+these decoders (and says nothing about the DiT). ``--code-inverse`` scores the code's exact
+inverse instead of the decoders: each sub-cell's colour back over its pixels, latent frame ``k``
+as decoded frame ``2k`` and the mean of two latent frames between them. That is the most any
+decoder of this code can show (upstream's TurboVAE cannot compute it: docs/training.md).
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=None, help="run folders go here (default: a temp folder)")
     parser.add_argument("--out", type=Path, required=True, help="JSON results file")
     parser.add_argument("--decode-codes", action="store_true", help="score the decoders on the scenes' own codes")
+    parser.add_argument("--code-inverse", action="store_true",
+                        help="with --decode-codes: the code's exact inverse in place of the video decoder")
     args = parser.parse_args(argv)
+    if args.code_inverse and not args.decode_codes:
+        parser.error("--code-inverse: it replaces the video decoder on the scenes' codes; add --decode-codes")
 
     from magi2studio.determinism import apply_defaults
 
@@ -61,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         caption = caption_for(facts, index % PHRASINGS)
         started = time.perf_counter()
         if args.decode_codes:
-            score, where = _decode_codes(driver, engine.config, facts, args.tier, args.seed + index), "codes"
+            score = _decode_codes(driver, engine.config, facts, args.tier, args.seed + index, args.code_inverse)
+            where = "code inverse" if args.code_inverse else "codes"
         else:
             request = Request(prompt=caption, seed=args.seed + index, tier=args.tier, steps=args.steps)
             folder = runs.execute(engine, request, layout, runs_root)
@@ -100,8 +108,9 @@ def _decoding_driver(engine):
     return load_driver(engine.checkpoint())
 
 
-def _decode_codes(driver, config, facts, tier_name: str, seed: int):
-    """A held-out scene's own latent codes through the checkpoint's decoders, scored."""
+def _decode_codes(driver, config, facts, tier_name: str, seed: int, code_inverse: bool = False):
+    """A held-out scene's own latent codes through the checkpoint's decoders (or the video code's
+    exact inverse), scored."""
 
     import torch
 
@@ -116,9 +125,29 @@ def _decode_codes(driver, config, facts, tier_name: str, seed: int):
     video = codes.encode_frames(frames, config.spatial_stride).unsqueeze(0)
     audio = codes.encode_audio(scene, config.audio_latent_fps).unsqueeze(0)
     with torch.inference_mode():  # as the driver's run is
-        clip = driver.decode_video(video, tier)
+        clip = _code_inverse(video, tier, config.spatial_stride) if code_inverse else driver.decode_video(video, tier)
         pcm = driver.decode_audio(audio, tier.seconds)
     return score_clip(facts, clip, pcm, tier.fps, AUDIO_SAMPLE_RATE, caption=scene.caption)
+
+
+def _code_inverse(video, tier, spatial_stride: int):
+    """The video code [1, 48, T, h, w] decoded exactly at the video decoder's size (a sub-cell's
+    colour over its pixels), then shown as the driver shows a decoded clip."""
+
+    import numpy as np
+    import torch
+    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _resize_video
+
+    from magi2studio.training import latents as codes
+
+    latent = torch.nn.functional.pixel_shuffle(video[0].permute(1, 0, 2, 3), codes.SUB_CELLS)  # [T, 3, 4h, 4w]
+    between = (latent[:-1] + latent[1:]) / 2
+    frames = torch.stack([latent[0], *[x for pair in zip(between, latent[1:]) for x in pair]])
+    repeat = spatial_stride // (codes.SUB_CELLS * codes.VIDEO_DECODER_STRIDE)
+    pixels = frames.repeat_interleave(repeat, -1).repeat_interleave(repeat, -2)
+    small = pixels.mul(0.5).add(0.5).clamp(0, 1).mul(255).byte().permute(0, 2, 3, 1).numpy()
+    index = np.floor(np.arange(tier.frames) * len(small) / tier.frames).astype(np.int64)
+    return np.ascontiguousarray(_resize_video(small[index], tier.width, tier.height))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scenes", type=int, default=None)
     parser.add_argument("--dit-steps", type=int, default=None)
-    parser.add_argument("--decoder-steps", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=None)
     parser.add_argument("--save-every", type=int, default=0,
@@ -82,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {k: v for k, v in (("scenes", args.scenes), ("dit_steps", args.dit_steps), ("batch", args.batch),
-                                   ("decoder_steps", args.decoder_steps),
                                    ("log_every", args.log_every))
                  if v is not None}
     settings = trainer.TrainSettings(seed=args.seed, **overrides)
@@ -96,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         upstream_patches.init_world_of_one()  # released when the script exits
         components = load_components(base)
         components.image_encoder.load_state_dict(codes.image_encoder_state(config.spatial_stride))
+    if "dit" in phases:  # the decoders are set, not trained: only the DiT learns from scenes
         started = time.perf_counter()
         examples = trainer.make_examples(config, settings)
         print(f"{len(examples)} training scenes in {time.perf_counter() - started:.0f} s", flush=True)
@@ -105,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         log = trainer.TrainLog(settings.as_dict(), config.digest)
         started = time.perf_counter()
         if phase == "decoders":
-            generator = torch.Generator().manual_seed(args.seed + 1)
-            trainer.fit_video_decoder(components.video_decoder, examples, settings, log, generator)
+            trainer.set_video_decoder(components.video_decoder)
             trainer.set_audio_decoder(components.audio_decoder)
             _save(args.work / "decoders.pt", {"turbo": trainer.turbo_state(components.video_decoder),
                                              "oobleck": trainer.oobleck_state(components.audio_decoder)})

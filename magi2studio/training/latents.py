@@ -2,7 +2,8 @@
 
 The real model's latents come from a trained VAE encoder; the tiny one has none (upstream's
 Wan2.2 VAE cannot be built small, see ``components.STAND_INS``). So the latent of a scene is
-a fixed, deterministic code of the scene, and the tiny decoders are fitted to invert it:
+a fixed, deterministic code of the scene, and the tiny decoders' weights are set to invert it
+(the video decoder as far as TurboVAE's layers can, :func:`video_decoder_state`):
 
 * **video**: each latent frame is the scene frame at that latent's time, area-averaged to
   ``4 x 4`` sub-cells per latent cell, RGB in [-1, 1], stacked as the 48 channels
@@ -64,12 +65,6 @@ def encode_frames(frames: np.ndarray, spatial_stride: int) -> torch.Tensor:
     pooled = _area_pool(frames, spatial_stride // SUB_CELLS)  # [3, T, 4h, 4w]
     per_frame = pooled.permute(1, 0, 2, 3)  # [T, 3, 4h, 4w]
     return torch.nn.functional.pixel_unshuffle(per_frame, SUB_CELLS).permute(1, 0, 2, 3).contiguous()
-
-
-def decoder_target(frames: np.ndarray) -> torch.Tensor:
-    """uint8 [F, H, W, 3] -> what the video decoder should output: [3, F, H/8, W/8] in [-1, 1]."""
-
-    return _area_pool(frames, VIDEO_DECODER_STRIDE)
 
 
 def scene_frames(scene: Scene, indices: np.ndarray) -> np.ndarray:
@@ -219,4 +214,62 @@ def audio_decoder_state(decoder: torch.nn.Module) -> dict[str, torch.Tensor]:
         stem = name[: -len(".weight")]
         state[f"{stem}.weight_v"] = weight
         state[f"{stem}.weight_g"] = weight.flatten(1).norm(dim=1).reshape(state[f"{stem}.weight_g"].shape)
+    return state
+
+
+# -- the video decoder, set to the part of the code's inverse that TurboVAE can compute ------------
+# Upstream's TurboVAE upsamples space with nearest-neighbour copies followed by stride-1 convs,
+# so every layer after ``conv_in`` sees the 4 x 4 sub-cell positions of one latent cell through
+# the same weights: no linear TurboVAE can put a cell's 16 sub-cells back in their places (its
+# output's spectrum vanishes at the sub-cell frequencies the copies null, docs/training.md). What
+# it can compute exactly is each cell's mean colour, and time exactly: the time conv's two halves
+# become decoded frames 2k (latent frame k) and 2k - 1 (the mean of latent frames k - 1 and k).
+VIDEO_CARRIER = 1.0  # the constant each carried value rides on, so the final RMS norm sees a fixed length
+VIDEO_SIGNAL = 1e-2  # a carried value's scale on it: SiLU there is linear to ~1e-5 (pairs cancel the even terms)
+
+
+def video_decoder_state(decoder: torch.nn.Module, latent_mean: torch.Tensor,
+                        latent_std: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The state dict of upstream's ``_TurboDecoder3d`` set to decode :func:`encode_frames`'s code
+    into each latent cell's mean colour, interpolated in time between latent frames.
+
+    Linear all through: ``conv_in`` undoes the decoder's ``z * std + mean`` and averages each
+    colour's 16 sub-cells into a pair of channels ``carrier +- signal * mean`` (a pair's squares
+    sum to a constant, so the last RMS norm divides by a fixed length, and SiLU's even terms
+    cancel in the pair's difference); every residual unit adds zero; the upsampling convs pass
+    their input; the time conv holds (frame ``2k``) or averages (frame ``2k - 1``); ``conv_out``
+    turns the pair's difference back into the colour in all four pixels of its 2 x 2 patch.
+    """
+
+    state = {key: torch.zeros_like(value) for key, value in decoder.state_dict().items()}
+    width = state["conv_in.conv.bias"].numel()
+    if width < 6:
+        raise ValueError(f"the set video decoder carries 3 colours as pairs: TurboVAE widths must be >= 6, not {width}")
+    per_colour = SUB_CELLS * SUB_CELLS
+    conv_in = state["conv_in.conv.weight"]  # [width, 48, 3, 3, 3]
+    for colour in range(3):
+        block = slice(colour * per_colour, (colour + 1) * per_colour)
+        scale = VIDEO_SIGNAL / (per_colour * latent_std[block])  # code = (z - mean) / std
+        offset = float((scale * latent_mean[block]).sum())
+        for channel, sign in ((colour, 1.0), (colour + 3, -1.0)):
+            conv_in[channel, block, 1, 1, 1] = sign * scale
+            state["conv_in.conv.bias"][channel] = VIDEO_CARRIER - sign * offset
+    identity = torch.eye(width)
+    for key in state:
+        if key.endswith("resample.1.weight"):
+            state[key][:, :, 1, 1] = identity
+    time_conv = state["up_blocks.1.upsamplers.0.time_conv.conv.weight"]  # [2 * width, width, 3, 1, 1]
+    time_conv[:width, :, 0, 0, 0] = identity / 2  # split 0: frame 2k - 1, the mean of k - 1 and k
+    time_conv[:width, :, 1, 0, 0] = identity / 2
+    time_conv[width:, :, 1, 0, 0] = identity  # split 1: frame 2k, latent frame k
+    # After the RMS norm a pair is (c +- s m) / r with r = sqrt(6 / width) c (to second order in s m);
+    # SiLU(u + d) - SiLU(u - d) = 2 SiLU'(u) d + O(d^3).
+    normed = VIDEO_CARRIER / math.sqrt(6.0 / width) / VIDEO_CARRIER
+    sigmoid = 1.0 / (1.0 + math.exp(-normed))
+    slope = sigmoid * (1.0 + normed * (1.0 - sigmoid))
+    gain = 1.0 / (2.0 * slope * normed * VIDEO_SIGNAL / VIDEO_CARRIER)
+    conv_out = state["conv_out.conv.weight"]  # [3 * 4, width, 3, 3, 3]: colour * 4 + patch position
+    for colour in range(3):
+        conv_out[colour * 4:(colour + 1) * 4, colour, 1, 1, 1] = gain
+        conv_out[colour * 4:(colour + 1) * 4, colour + 3, 1, 1, 1] = -gain
     return state

@@ -64,3 +64,29 @@ def test_audio_target_keeps_the_pitch_below_the_decoder_rate(scene):
     spectrum = np.abs(np.fft.rfft(pcm[0].numpy()))
     peak = np.fft.rfftfreq(pcm.shape[1], 1 / rate)[np.argmax(spectrum)]
     assert abs(peak - PITCHES["high"]) < 20
+
+
+def test_the_set_video_decoder_computes_cell_means_exactly_in_time():
+    """Upstream's TurboVAE layers with :func:`latents.video_decoder_state`, on a random code: each
+    8 x 8 block of the output is its latent cell's mean colour; decoded frame 2k is latent frame k
+    and 2k - 1 the mean of latent frames k - 1 and k (the seeded decoder is nowhere near)."""
+    from vllm_omni.diffusion.models.magi2.turbo_vae import _WAN22_LATENT_MEAN, _WAN22_LATENT_STD
+
+    from magi2studio.engines.embedded.checkpoint import turbo_config, turbo_decoder
+    from magi2studio.training.trainer import trained_config
+
+    mean, std = torch.tensor(_WAN22_LATENT_MEAN), torch.tensor(_WAN22_LATENT_STD)
+    decoder = turbo_decoder(turbo_config(trained_config()))
+    decoder.load_state_dict(codes.video_decoder_state(decoder, mean, std))
+    code = torch.rand(48, 4, 4, 7, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        out = decoder(code[None] * std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1), is_first_chunk=True)[0]
+    cells = code.view(3, 16, 4, 4, 7).mean(dim=1)  # [3, T, h, w]: the 16 sub-cells of each colour
+    frames = torch.stack([cells[:, 0], *[x for k in range(1, 4) for x in ((cells[:, k - 1] + cells[:, k]) / 2,
+                                                                          cells[:, k])]], dim=1)
+    stride = codes.VIDEO_DECODER_STRIDE
+    torch.testing.assert_close(out, frames.repeat_interleave(stride, -1).repeat_interleave(stride, -2),
+                               atol=2e-4, rtol=0)
+    with pytest.raises(ValueError, match="widths must be >= 6"):
+        codes.video_decoder_state(turbo_decoder({**turbo_config(trained_config()),
+                                                 "decoder_block_out_channels": [4, 4]}), mean, std)
