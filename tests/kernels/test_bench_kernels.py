@@ -71,7 +71,15 @@ def test_a_run_names_its_card_in_the_file_name_and_every_row(bench, monkeypatch,
     monkeypatch.setattr(bench, "run_sink", lambda dev, smoke, results, checks: results["attention_sink"].append({}))
     site = Path(vllm_omni.__file__).parents[1]
     monkeypatch.setattr(sys, "argv", ["bench_kernels.py", "--upstream-site", str(site), "--out", str(tmp_path)])
-    bench.main()
+    # main()'s load_upstream swaps stand-ins into sys.modules for vllm and vllm_omni; every later test would import
+    # those (test_plugin failed on 'No module named ...sampler_magi2' after this test), so they are put back.
+    saved = dict(sys.modules)
+    try:
+        bench.main()
+    finally:
+        for name in set(sys.modules) - set(saved):
+            del sys.modules[name]
+        sys.modules.update(saved)
     written = list(tmp_path.glob("*.json"))
     assert [path.name for path in written] == [f"kernels-h100-smoke-{datetime.date.today().isoformat()}.json"]
     results = json.loads(written[0].read_text())
