@@ -92,6 +92,25 @@ def test_layouts_the_engine_refuses_are_marked_with_the_reason_and_the_fields_fo
     assert "✗" not in verdict.inner_text(), "an old verdict stayed under the new one"
 
 
+def test_after_a_layout_is_chosen_with_the_keyboard_the_focus_stays_on_the_layout(page):
+    """The audit: choosing a layout with the keyboard left the focus on the page body, so Tab started again
+    from the top of the page."""
+    dropdown = page.locator("#layout-preset input")
+    dropdown.focus()
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(500)  # the choice's events, and Gradio's blur
+    assert page.evaluate("() => document.activeElement.closest('#layout-preset') !== null"), page.evaluate(
+        "() => document.activeElement.tagName")
+    page.keyboard.press("Escape")
+    page.keyboard.press("Tab")
+    after = page.evaluate("() => document.activeElement")
+    assert after is not None and page.evaluate(
+        "() => document.activeElement !== document.body && Boolean(document.querySelector('#layout-preset')"
+        ".compareDocumentPosition(document.activeElement) & Node.DOCUMENT_POSITION_FOLLOWING)"), \
+        "Tab after the layout did not go on to the next field"
+
+
 def test_a_refusal_is_shown_once_next_to_its_field_and_goes_when_the_field_changes(page):
     page.locator("#prompt textarea").fill("A red kite over a grey sea.")
     steps_box(page).fill("abc")
