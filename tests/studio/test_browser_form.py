@@ -175,3 +175,10 @@ def test_seed_minus_one_runs_with_a_drawn_seed_the_plot_names_its_series_and_his
     page.locator("#history-count").get_by_text("0 of").wait_for(timeout=30_000)
     if studio.outputs is not None:
         assert not (studio.outputs / name).exists()
+    # The audit: delete had no undo.
+    page.locator("#history-undo-row").get_by_text(f"Deleted {name}").wait_for(timeout=10_000)
+    page.locator("#history-undo").click()
+    page.locator("#history-count").get_by_text("1 of").wait_for(timeout=30_000)
+    page.locator("#history-undo-row").wait_for(state="hidden", timeout=10_000)
+    if studio.outputs is not None:
+        assert (studio.outputs / name / "manifest.json").is_file()
