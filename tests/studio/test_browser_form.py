@@ -92,6 +92,18 @@ def test_layouts_the_engine_refuses_are_marked_with_the_reason_and_the_fields_fo
     assert "✗" not in verdict.inner_text(), "an old verdict stayed under the new one"
 
 
+def test_the_ep_placeholder_fits_its_field(page):
+    """The audit: the EP field's placeholder was clipped on first load."""
+    needs, room = page.evaluate("""() => {
+      const box = document.querySelector('#layout-ep textarea, #layout-ep input'), style = getComputedStyle(box);
+      const text = document.createElement('canvas').getContext('2d');
+      text.font = getComputedStyle(box, '::placeholder').font || `${style.fontSize} ${style.fontFamily}`;
+      return [text.measureText(box.placeholder).width,
+              box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)];
+    }""")
+    assert 0 < needs <= room, f"the placeholder needs {needs:.0f} px, the field has {room:.0f}"
+
+
 def test_after_a_layout_is_chosen_with_the_keyboard_the_focus_stays_on_the_layout(page):
     """The audit: choosing a layout with the keyboard left the focus on the page body, so Tab started again
     from the top of the page."""
