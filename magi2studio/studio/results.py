@@ -63,7 +63,7 @@ def engine_start_text(manifest: dict[str, Any]) -> str:
 
 def summary_frame(manifest: dict[str, Any]) -> pd.DataFrame:
     """The engine start, the gate metric (ms/step) with median / min / max and totals per stage, then stage times."""
-    rows: list[tuple[str, str]] = [("engine start", engine_start_text(manifest))]
+    rows: list[tuple[str, str]] = [("engine start", engine_start_text(manifest))] if manifest else []
     timing = manifest.get("timing", {})
     for stage, summary in timing.get("stages", {}).items():
         rows.append((f"{stage} gate metric (slowest rank, steps 0-1 dropped)",

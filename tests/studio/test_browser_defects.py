@@ -122,6 +122,9 @@ def test_after_a_reload_mid_run_the_progress_line_ends_with_the_job(studio, page
     row(page, 9631).locator("td", has_text=re.compile(r"^done$")).wait_for(timeout=180_000)
     page.locator("#progress").get_by_text(re.compile(r"#\d+ done in [\d.]+ s: \S+-s9631-")).wait_for(timeout=10_000)
     assert "▶" not in page.locator("#progress").inner_text()
+    # The audit: a run that finished after the reload was missing from Results until a second reload.
+    page.get_by_role("tab", name="Results").click()
+    page.locator("#run-headline").get_by_text("9631", exact=True).wait_for(timeout=30_000)
 
 
 def test_on_a_phone_every_tab_is_in_sight_and_generate_is_well_above_the_bottom_edge(studio, page):
