@@ -336,7 +336,7 @@ def build(ctx: StudioContext) -> None:
             followed.pop(page, None)  # the stream's own last line must stay
             return {status: _status_text(ctx), cancel: gr.Button(interactive=True)}
         running = ctx.slot.running_clock()
-        line, shown = gr.HTML(), {}
+        line, shown = None, {}
         for record in mine:
             if running is not None and record.id == running[0]:
                 now, clock = time.monotonic(), running[1]
@@ -356,7 +356,8 @@ def build(ctx: StudioContext) -> None:
                 shown = _finished_run(record, request)
                 line = _ended_line(record, in_results=bool(shown))
         # A dict: Results is only touched when the followed job's run goes there.
-        return {status: _status_text(ctx), cancel: gr.Button(interactive=bool(mine)), progress: line, **shown}
+        return {status: _status_text(ctx), cancel: gr.Button(interactive=bool(mine)),
+                **({} if line is None else {progress: line}), **shown}
 
     def _finished_run(record, request: gr.Request) -> dict:
         """Results' values for the page's job that finished while no stream followed it (after a reload; the
