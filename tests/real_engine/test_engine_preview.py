@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import time
 from pathlib import Path
 from types import MappingProxyType
 from unittest import mock
@@ -138,3 +140,68 @@ def test_no_map_fitted_to_the_decoder_no_preview_and_the_run_says_why(engine):
     assert "MAGI2STUDIO_PREVIEW_MAP" not in RankZeroProcess.started[0].env
     assert [e.preview for e in steps] == [None] * 4
     assert generation.resolved["live_preview"] == "off: no preview map fitted to this decoder"
+
+
+# --- The server engine: the same protocol through a shared metrics folder ----------------------------
+def rank0_of_a_server(metrics_dir: Path, env: dict[str, str], steps: int, mp4: bytes):
+    """``ServerClient.generate_async`` as a server started with ``env`` answers it: rank 0's plugin timer
+    writes into the shared folder while the job runs (the client's follower polls every 0.25 s)."""
+
+    def generate_async(fields, files, on_progress, cancel):
+        with mock.patch.dict(os.environ, env):
+            timer = WorkerStepTimer(metrics_dir, "preview", None)
+            timer.begin_sample(torch.zeros(1), steps)
+            for step in range(steps):
+                timer.step_start()
+                timer.step_end(Scheduler(step))
+                time.sleep(0.3)
+            timer.end_sample()
+        return mp4, {"id": "video-1", "model": "m"}, {}
+
+    return generate_async
+
+
+@pytest.fixture
+def server_engine(tmp_path, monkeypatch, fitted_map):
+    from magi2studio.engines.vllm_omni import server as server_module
+    from magi2studio.media import write_mp4
+
+    monkeypatch.setattr(server_module, "map_for_decoder", lambda digest: live_preview.map_for_decoder(
+        digest, fitted_map.parent))
+    (tmp_path / "shared").mkdir()
+    engine = get_engine("vllm-omni-server", server_url="http://127.0.0.1:8000", server_layout="sp2-cfg1",
+                        metrics_dir=str(tmp_path / "shared"), checkpoint_root=str(tmp_path / "ckpt"))
+    monkeypatch.setattr(engine.http, "probe", lambda timeout_s=None: ["m"])
+    engine.start(parse_layout("sp2-cfg1"))
+    write_mp4(tmp_path / "clip.mp4", np.zeros((2, 16, 16, 3), np.uint8), np.zeros((4410, 2), np.float32), 24.0,
+              44100, {})
+    engine.mp4 = (tmp_path / "clip.mp4").read_bytes()
+    yield engine
+    engine.close()
+
+
+def served_env(command: str) -> dict[str, str]:
+    """The ``KEY=VALUE`` words the printed serve command starts with."""
+
+    words = shlex.split(command)
+    return dict(word.split("=", 1) for word in words[:words.index("vllm-omni")])
+
+
+def test_server_engine_forwards_the_shared_folders_previews_at_the_requests_rate(server_engine, fitted_map):
+    env = served_env(server_engine._command_hint())
+    assert env["MAGI2STUDIO_PREVIEW_MAP"] == str(fitted_map)
+    server_engine.http.generate_async = rank0_of_a_server(server_engine.metrics_dir, env, 6, server_engine.mp4)
+    generation, steps = run(server_engine, steps=6, preview_every=2)
+    assert [Path(e.preview).name for e in steps if e.preview] == [
+        "preview-preview-0001.gif", "preview-preview-0003.gif", "preview-preview-0005.gif"]
+    assert generation.resolved["live_preview"] == {"every": 2, "map": "fitted"}
+
+    generation, steps = run(server_engine, steps=6, preview_every=0)
+    assert [e.preview for e in steps] == [None] * 6 and generation.resolved["live_preview"] == "off"
+
+    without_map = {k: v for k, v in env.items() if k != "MAGI2STUDIO_PREVIEW_MAP"}  # a hand-started server
+    server_engine.http.generate_async = rank0_of_a_server(server_engine.metrics_dir, without_map, 6,
+                                                          server_engine.mp4)
+    generation, steps = run(server_engine, steps=6, preview_every=2)
+    assert [e.preview for e in steps] == [None] * 6
+    assert generation.resolved["live_preview"].startswith("off: the server's workers wrote no preview")
