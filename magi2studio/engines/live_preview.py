@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import json
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,10 +208,7 @@ class LivePreview:
         self.every = every
         self.map = preview_map
         self.written: list[dict[str, Any]] = []
-        self.handed: list[int] = []  # steps whose picture went to the writer thread
         self._pending: list[tuple[Any, Any, dict[str, Any]]] = []  # (host uint8, event or None, info)
-        self._writer: ThreadPoolExecutor | None = None
-        self._writes: list[Future] = []
         self._tensors: tuple[Any, Any] | None = None  # the map on the estimate's device, uploaded once
 
     def wanted(self, index: int, total: int) -> bool:
@@ -252,23 +248,11 @@ class LivePreview:
         return host, event
 
     def poll(self) -> None:
-        """Write every pending picture whose copy is done (``Event.query``: no wait).
-
-        A device's pictures go to one writer thread (in step order): the GIF's encoding is the
-        preview's cost (about 270 ms for the real 272p latent's 8 frames on the H100 machine's
-        CPU, measured in the sampler's thread: 35x a stand-in step). A host picture (the CPU
-        engine) is written here, before the step's progress event, which then shows it."""
+        """Write every pending picture whose copy is done (``Event.query``: no wait)."""
 
         while self._pending and (self._pending[0][1] is None or self._pending[0][1].query()):
-            host, event, info = self._pending.pop(0)
-            if event is None:
-                self._write(host.numpy(), info)
-                self.handed.append(info["step"])
-                continue
-            if self._writer is None:
-                self._writer = ThreadPoolExecutor(1, thread_name_prefix="magi2studio-preview")
-            self._writes.append(self._writer.submit(self._write, host.numpy(), info))
-            self.handed.append(info["step"])
+            host, _, info = self._pending.pop(0)
+            self._write(host.numpy(), info)
 
     def flush(self) -> None:
         """After the loop: wait for and write what is still pending."""
@@ -277,14 +261,6 @@ class LivePreview:
             if event is not None:
                 event.synchronize()
         self.poll()
-        writes, self._writes = self._writes, []
-        try:
-            for write in writes:
-                write.result()  # a failed write raises here, after the loop
-        finally:
-            if self._writer is not None:
-                self._writer.shutdown(wait=True)
-                self._writer = None
 
     def _write(self, frames: np.ndarray, info: dict[str, Any]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

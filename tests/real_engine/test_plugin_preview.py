@@ -98,7 +98,8 @@ def test_no_wait_inside_the_loop_and_one_per_pending_copy_after_it(tmp_path, mon
     for step in range(6):
         preview.after_step("preview", step, 6, scheduler)
     assert CountingEvent.syncs == 0 and blocking == []
-    assert preview.handed == [0, 1, 2, 3, 4]  # each handed to the writer at the next step's end; none waited for
+    written_in_loop = [row["step"] for row in preview.written]
+    assert written_in_loop == [0, 1, 2, 3, 4]  # each written at the next step's end; none waited for
     preview.flush()  # after the loop (the timer's own sync has run): the last, waited for once
     assert CountingEvent.syncs == 1 and [row["step"] for row in preview.written] == [0, 1, 2, 3, 4, 5]
     info = json.loads((tmp_path / "preview.json").read_text())
