@@ -132,12 +132,18 @@ class VllmOmniEngine(Engine):
         return None if None in reasons.values() else next(iter(reasons.values()))
 
     def tiers_not_ready(self) -> dict[str, str | None]:
-        """Per tier, its weights checked as a job of it checks them (files present, headers whole; 1080p also the
-        refiner), and a GPU visible. A tree without ``refiner/`` runs 272p and 540p, not 1080p."""
+        """Per tier: the installed pipeline produces it (as ``capabilities`` says), its weights checked as a job of
+        it checks them (files present, headers whole; 1080p also the refiner), and a GPU visible. A tree without
+        ``refiner/`` runs 272p and 540p, not 1080p."""
+        caps = detect()  # cached: the studio's page asked for the capabilities before any probe
         checked: dict[bool, WeightsReport | str] = {}  # the one-stage tiers need the same files: checked once
         gpu = None if device_names() else "no CUDA/MUSA GPU is visible here (vLLM-Omni's MAGI-2 pipeline requires GPUs)"
         reasons: dict[str, str | None] = {}
         for name, tier in TIERS.items():
+            refusal = tier_refusal(caps, tier)
+            if refusal is not None:
+                reasons[name] = refusal
+                continue
             if tier.refined not in checked:
                 try:
                     checked[tier.refined] = check_weights(self.checkpoint_root, name)
