@@ -257,8 +257,11 @@ def _verdicts_on_every_cpu(todo: list[tuple[str, str, int]]) -> list[tuple[bool,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                               text=True) for _ in shares]
     for proc, share in zip(procs, shares, strict=True):  # each reads its whole share before it compiles
-        with proc.stdin:
-            json.dump(share, proc.stdin)
+        try:
+            with proc.stdin:
+                json.dump(share, proc.stdin)
+        except OSError:  # a worker that ended early (BrokenPipeError): its share is done here below
+            pass
     done: list[list[tuple[bool, str | None]]] = []
     for proc, share in zip(procs, shares, strict=True):
         out = proc.stdout.read()

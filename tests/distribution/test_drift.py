@@ -386,3 +386,25 @@ def test_gradios_hash_seed_written_at_run_time_is_not_drift_and_other_files_are(
         for path in (seed, other):
             path.unlink(missing_ok=True)
         seed.parent.rmdir()
+
+
+def test_a_worker_that_fails_leaves_its_share_to_the_caller(installed, monkeypatch, tmp_path):
+    """A worker process that cannot start its check (here: an interpreter that exits at once) must not fail or
+    shorten the verdict: its share is checked in the calling process."""
+    import compileall
+    import py_compile
+    import shutil
+
+    site, _, _ = installed
+    monkeypatch.setattr(drift, "_SPREAD_FROM", 1)
+    monkeypatch.setattr(drift.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(drift.sys, "executable", "/bin/false")
+    try:
+        assert compileall.compile_dir(str(site), quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+        expected = len(list(site.rglob("*.pyc")))
+        drift._BYTECODE.clear()
+        checked, found = drift.bytecode_differences([str(site)])
+        assert (checked, found) == (expected, [])
+    finally:
+        for cache in list(site.rglob("__pycache__")):
+            shutil.rmtree(cache)
