@@ -20,6 +20,15 @@ def coefficients(gen, tokens):
     return fused, params
 
 
+def projection_inputs(gen, multimodal, dtype, tokens=45, hidden=48):
+    """The mHC projection's inputs: flattened streams, the RMS weight per modality, sorted modalities, phi."""
+    flat = torch.randn(tokens, 4 * hidden, generator=gen).to(dtype)
+    weight = torch.randn(3 if multimodal else 1, 4 * hidden, generator=gen) * 0.2
+    modality = torch.sort(torch.randint(0, 3, (tokens,), generator=gen)).values if multimodal else None
+    phi = torch.randn(4 * hidden, 24, generator=gen) / (4 * hidden) ** 0.5
+    return flat, weight, modality, phi
+
+
 @pytest.mark.parametrize("tokens", [1, 67])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 def test_post_residual_sinkhorn(gen, poison, tokens, out_dtype):
@@ -78,14 +87,10 @@ def test_mix_and_pre(gen, poison, hidden):
 
 @pytest.mark.parametrize("multimodal", [False, True])
 def test_projection_with_folded_norm(gen, poison, multimodal):
-    tokens, hidden = 45, 48
-    flat = torch.randn(tokens, 4 * hidden, generator=gen).half()
-    weight = torch.randn(3 if multimodal else 1, 4 * hidden, generator=gen) * 0.2
-    modality = torch.sort(torch.randint(0, 3, (tokens,), generator=gen)).values if multimodal else None
-    phi = torch.randn(4 * hidden, 24, generator=gen) / (4 * hidden) ** 0.5
+    flat, weight, modality, phi = projection_inputs(gen, multimodal, torch.float16)
     out = mhc.logits(flat, weight, modality, 1e-6, phi)
     ref = mhc.reference_logits(flat.double(), weight.double(), modality, 1e-6, phi.double())
-    assert out.shape == (tokens, 24) and out.dtype == torch.float32
+    assert out.shape == (45, 24) and out.dtype == torch.float32
     assert rel_err(out, ref) <= 1e-5
 
 
@@ -94,11 +99,7 @@ def test_projection_bf16_split_keeps_fp32_level_error(gen, poison, multimodal):
     """bf16 x against phi as three bf16 terms: fp32-level error (one term alone: bf16's ~1e-3)."""
     from magi2_kernels import mhc_triton
 
-    tokens, hidden = 45, 48
-    flat = torch.randn(tokens, 4 * hidden, generator=gen).bfloat16()
-    weight = torch.randn(3 if multimodal else 1, 4 * hidden, generator=gen) * 0.2
-    modality = torch.sort(torch.randint(0, 3, (tokens,), generator=gen)).values if multimodal else None
-    phi = torch.randn(4 * hidden, 24, generator=gen) / (4 * hidden) ** 0.5
+    flat, weight, modality, phi = projection_inputs(gen, multimodal, torch.bfloat16)
     ref = mhc.reference_logits(flat.double(), weight.double(), modality, 1e-6, phi.double())
     out = mhc_triton.logits(flat, weight, modality, 1e-6, phi, num_streams=4, dot_precision="ieee", block_k=16,
                             bf16_split=True)
