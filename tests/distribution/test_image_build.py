@@ -8,6 +8,7 @@ on setrlimit on these machines; `buildah run --network host` works and serves po
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from .test_weights import synthetic_tree
 ROOT = contract.ROOT
 BUILDAH = ["buildah", "--storage-driver", "vfs"]
 IMAGE = "localhost/magi2studio:cpu"
+SECOND_BUILD = "localhost/magi2studio:cpu-second-build"
 PROMPT = "a red kite over a grey sea, wind and gulls"
 
 pytestmark = [
@@ -64,59 +66,78 @@ def in_image(built: Built, *command: str, mounts: dict[str, tuple[Path, bool]] |
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Built:
+def image_build(tmp_path_factory) -> Built:
+    """The first build, and no container yet: vfs copies the whole image into every container, so the second
+    build (the first test) runs before one exists. The tags this module made go at its end: each image is ~3 GB."""
     clone = tmp_path_factory.mktemp("checkout") / "magi2studio"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
     revision = _run(["git", "-C", str(clone), "rev-parse", "HEAD"]).stdout.strip()
     base = _run([str(clone / "scripts" / "make-base-image"), "--if-missing", "--tag", contract.LOCAL_BASE])
     assert base.returncode == 0, base.stdout + base.stderr
     out = tmp_path_factory.mktemp("first-build")
-    build, seconds = _build_image(clone, out)
-    base_digest = _run([*BUILDAH, "inspect", "--type", "image", "--format", "{{.FromImageDigest}}",
-                        contract.LOCAL_BASE]).stdout.strip()
-    inspect = json.loads(_run([*BUILDAH, "inspect", "--type", "image", IMAGE]).stdout)
+    tags = [IMAGE, f"{IMAGE}-{revision[:12]}"]
+    try:
+        build, seconds = _build_image(clone, out)
+        base_digest = _run([*BUILDAH, "inspect", "--type", "image", "--format", "{{.FromImageDigest}}",
+                            contract.LOCAL_BASE]).stdout.strip()
+        inspect = json.loads(_run([*BUILDAH, "inspect", "--type", "image", IMAGE]).stdout)
+        yield Built("", inspect, revision, base_digest, seconds, build.stdout, out)
+    finally:
+        _run([*BUILDAH, "rmi", *tags, SECOND_BUILD])
+
+
+@pytest.fixture(scope="module")
+def built(image_build) -> Built:
+    """The first build with one working container that every test runs its commands in."""
     container = _run([*BUILDAH, "from", "--quiet", IMAGE], timeout=1800).stdout.strip()
     assert container, "buildah from gave no working container"
     try:
-        yield Built(container, inspect, revision, base_digest, seconds, build.stdout, out)
+        yield dataclasses.replace(image_build, container=container)
     finally:
         _run([*BUILDAH, "rm", container])
 
 
+def _free_gb(path: str) -> str:
+    return f"{shutil.disk_usage(path).free / 1e9:.1f} GB free on {path}"
+
+
 def _build_image(clone: Path, out: Path, *tags: str) -> tuple[subprocess.CompletedProcess, float]:
+    # vfs holds the working container, the layer's blob and the stored layer at once: about 3x the image.
+    free_before = ", ".join(_free_gb(path) for path in ("/var/lib/containers", "/var/tmp"))
     started = time.monotonic()
     build = _run(["nice", "-n", "10", sys.executable, str(clone / "scripts" / "build-image"), "--platform", "cpu",
                   "--builder", "buildah", "--base-image", contract.LOCAL_BASE, "--cpu-torch-index", "",
                   "--out", str(out), *[arg for tag in tags for arg in ("--tag", tag)]], timeout=1800)
     seconds = time.monotonic() - started
-    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    assert build.returncode == 0, (build.stdout[-4000:] + build.stderr[-4000:]
+                                   + f"\nbefore the build: {free_before}; after: {_free_gb('/var/lib/containers')}")
     print(f"\nimage build from {clone}: {seconds:.0f} s", file=sys.stderr)
     return build, seconds
 
 
-def test_a_second_clean_clone_elsewhere_builds_the_same_image_bit_for_bit(built, tmp_path_factory):
+def test_a_second_clean_clone_elsewhere_builds_the_same_image_bit_for_bit(image_build, tmp_path_factory):
     """Issue 30: the same commit on the same base, from another folder at another time, gives the same image id
     (the docker-format config's digest) and the same layers. Only the base is shared: nothing is cached."""
     clone = tmp_path_factory.mktemp("elsewhere") / "deeper" / "m2s"
     clone.parent.mkdir()
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
     out = tmp_path_factory.mktemp("second-build")
-    _build_image(clone, out, "localhost/magi2studio:cpu-second-build")
-    first, second = (json.loads((folder / "image.json").read_text()) for folder in (built.out, out))
+    _build_image(clone, out, SECOND_BUILD)
+    first, second = (json.loads((folder / "image.json").read_text()) for folder in (image_build.out, out))
     print(f"\nfirst: {first['config_digest']} {first['layers']} (buildah wrote {first.get('built_config_digest')})"
           f"\nsecond: {second['config_digest']} {second['layers']} (buildah wrote {second.get('built_config_digest')})",
           file=sys.stderr)
-    assert first["layers"][0] == built.inspect["OCIv1"]["rootfs"]["diff_ids"][0]  # the base's layer
+    assert first["layers"][0] == image_build.inspect["OCIv1"]["rootfs"]["diff_ids"][0]  # the base's layer
     assert second["layers"] == first["layers"]  # the project layer, bit for bit
     assert second["config_digest"] == first["config_digest"]  # the image id
-    again = json.loads(_run([*BUILDAH, "inspect", "--type", "image", "localhost/magi2studio:cpu-second-build"]).stdout)
+    again = json.loads(_run([*BUILDAH, "inspect", "--type", "image", SECOND_BUILD]).stdout)
     # What the store holds under each build's tag is what image.json says: the id is its config's own sha256.
-    for image, written in ((built.inspect, first), (again, second)):
+    for image, written in ((image_build.inspect, first), (again, second)):
         assert "sha256:" + hashlib.sha256(image["Config"].encode()).hexdigest() == written["config_digest"]
         assert image["OCIv1"]["rootfs"]["diff_ids"] == written["layers"]
-    assert again["Docker"]["config"]["Healthcheck"] == built.inspect["Docker"]["config"]["Healthcheck"]
-    assert (out / "sbom.cdx.json").read_bytes() == (built.out / "sbom.cdx.json").read_bytes()
-    assert (out / "build-info.json").read_bytes() == (built.out / "build-info.json").read_bytes()
+    assert again["Docker"]["config"]["Healthcheck"] == image_build.inspect["Docker"]["config"]["Healthcheck"]
+    assert (out / "sbom.cdx.json").read_bytes() == (image_build.out / "sbom.cdx.json").read_bytes()
+    assert (out / "build-info.json").read_bytes() == (image_build.out / "build-info.json").read_bytes()
 
 
 def test_the_sbom_lists_every_installed_package_with_its_version_and_wheel_sha256(built):
