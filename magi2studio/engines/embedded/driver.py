@@ -74,7 +74,6 @@ class EmbeddedDriver:
     """Runs requests on ``device`` (the CPU, or a rank's GPU under NCCL)."""
 
     def __init__(self, components: Components, device: torch.device | str = "cpu") -> None:
-        from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
         from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
 
         self.c = components
@@ -82,8 +81,9 @@ class EmbeddedDriver:
         for module in (components.transformer, components.refiner, components.text_encoder,
                        components.image_encoder, components.video_decoder, components.audio_decoder):
             module.to(self.device)
-        self.sampler = Magi2PreviewSampler(components.transformer, Magi2DataProxy(), device=self.device)
-        self.refiner_sampler = Magi2PreviewSampler(components.refiner, Magi2DataProxy(), device=self.device)
+        self.sampler = Magi2PreviewSampler(components.transformer, components.config.data_proxy(), device=self.device)
+        self.refiner_sampler = Magi2PreviewSampler(components.refiner, components.config.data_proxy(),
+                                                   device=self.device)
 
     # -- conditioning ----------------------------------------------------------------------
     def encode_prompts(self, prompt: str, negative: str) -> tuple[torch.Tensor, torch.Tensor]:
