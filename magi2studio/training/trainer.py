@@ -224,7 +224,7 @@ def dit_batch(sampler, conditioning: Conditioning, image_encoder, text_encoder, 
 
 def latent_weights(example: Example, weight: float = LATENT_OBJECT_WEIGHT) -> tuple[torch.Tensor, torch.Tensor]:
     """The DiT loss's weights of one sample's latents: ``1 + weight`` on the video cells off the
-    background (the moving object, a cell or two of 28) and on the audio latents that hold a beep
+    background (the moving object, about a dozen cells of 448) and on the audio latents that hold a beep
     (~7% of them); elsewhere 1. A plain MSE learns the background and the silence first."""
 
     video = example.video  # [48, T, h, w]
