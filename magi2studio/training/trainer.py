@@ -202,9 +202,10 @@ def dit_batch(sampler, conditioning: Conditioning, image_encoder, text_encoder, 
             caption = Magi2Pipeline._ensure_figure_token(caption)
             pixels = torch.from_numpy(example.first_frame.astype(np.float32) / 127.5 - 1.0)
             latent = image_encoder.encode_video(pixels.permute(2, 0, 1)[None, :, None])
+            patch = sampler.data_proxy.patch_size  # upstream counts the reference in tokens
             text = conditioning.text(caption)
             reference = {"ref_image_feat": latent.unsqueeze(1),
-                         "ref_image_feat_len": torch.tensor([[[latent.shape[-2], latent.shape[-1]]]]),
+                         "ref_image_feat_len": torch.tensor([[[latent.shape[-2] // patch, latent.shape[-1] // patch]]]),
                          "ref_image_special_token_embedding":
                              text_encoder.pool_figure_tokens(caption, ["<Figure 1>"], text).unsqueeze(0)}
         both = sampler.prepare_model_input(

@@ -96,7 +96,7 @@ class EmbeddedDriver:
         from PIL import Image
         from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _resizepad
 
-        stride = self.c.config.spatial_stride
+        stride = self.c.config.spatial_stride * self.c.config.dit_patch  # whole DiT tokens
         with Image.open(path) as image:
             image = image.convert("RGB")
             longest = max(tier.height, tier.width)
@@ -109,7 +109,7 @@ class EmbeddedDriver:
         pixels = torch.from_numpy(np.asarray(padded, dtype=np.float32) / 127.5 - 1.0)
         pixels = pixels.permute(2, 0, 1).unsqueeze(0).unsqueeze(2)  # [1, 3, 1, H, W]
         latent = self.c.image_encoder.encode_video(pixels.to(self.device), use_sample=False)
-        lengths = torch.tensor([[[latent.shape[-2], latent.shape[-1]]]], dtype=torch.long, device=self.device)
+        lengths = torch.tensor([[self.c.config.reference_tokens(latent)]], dtype=torch.long, device=self.device)
         return latent.unsqueeze(1), lengths
 
     # -- decoding ---------------------------------------------------------------------------

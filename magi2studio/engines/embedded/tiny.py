@@ -110,6 +110,11 @@ class TinyConfig:
     def video_token_channels(self) -> int:
         return 48 * self.dit_patch * self.dit_patch
 
+    def reference_tokens(self, latent) -> list[int]:
+        """An I2VA reference latent [..., h, w]'s token grid, as upstream's ``ref_image_feat_len``."""
+
+        return [latent.shape[-2] // self.dit_patch, latent.shape[-1] // self.dit_patch]
+
     def data_proxy(self):
         """Upstream's packing of the latents into tokens at this config's patch."""
 
