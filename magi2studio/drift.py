@@ -235,6 +235,51 @@ def _stat_key(path: str) -> tuple[int, int, int, int]:
     return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
 
 
+# A first check spreads its compiles over this many worker processes at most, past _SPREAD_FROM files.
+_MOST_WORKERS = 16
+_SPREAD_FROM = 1000
+
+
+def _verdicts_on_every_cpu(todo: list[tuple[str, str, int]]) -> list[tuple[bool, str | None]]:
+    """Each item's verdict; a first check of a whole image (21,222 files) spread over ``python -c`` workers.
+
+    Plain subprocesses, not multiprocessing's spawn (it re-runs the caller's main script). A worker that fails
+    leaves its share to this process. No warnings filter around the compiles: it is process-wide, and the studio
+    checks from a worker thread.
+    """
+    workers = min(os.cpu_count() or 1, _MOST_WORKERS)
+    if workers < 2 or len(todo) < _SPREAD_FROM:
+        return [_bytecode_verdict(*item) for item in todo]
+    shares = [todo[n::workers] for n in range(workers)]
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root, os.environ.get("PYTHONPATH"))))}
+    procs = [subprocess.Popen([sys.executable, "-c", "from magi2studio import drift; drift._bytecode_worker()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                              text=True) for _ in shares]
+    for proc, share in zip(procs, shares, strict=True):  # each reads its whole share before it compiles
+        try:
+            with proc.stdin:
+                json.dump(share, proc.stdin)
+        except OSError:  # a worker that ended early (BrokenPipeError): its share is done here below
+            pass
+    done: list[list[tuple[bool, str | None]]] = []
+    for proc, share in zip(procs, shares, strict=True):
+        out = proc.stdout.read()
+        proc.stdout.close()
+        try:
+            verdicts = [tuple(verdict) for verdict in json.loads(out)] if proc.wait() == 0 else None
+        except ValueError:
+            verdicts = None
+        done.append(verdicts if verdicts and len(verdicts) == len(share) else
+                    [_bytecode_verdict(*item) for item in share])
+    return [done[n % workers][n // workers] for n in range(len(todo))]
+
+
+def _bytecode_worker() -> None:
+    """One worker of _verdicts_on_every_cpu: items as JSON on stdin, their verdicts as JSON on stdout."""
+    json.dump([_bytecode_verdict(*item) for item in json.load(sys.stdin)], sys.stdout)
+
+
 def bytecode_differences(sites: list[str]) -> tuple[int, list[str]]:
     """Each ``__pycache__`` .pyc of this Python that import would run in place of its source, against a compile
     of that source: (checked, findings).
@@ -259,8 +304,7 @@ def bytecode_differences(sites: list[str]) -> tuple[int, list[str]]:
                     continue  # import loads no __pycache__ byte code without its source
                 items.append(((pyc, *_stat_key(pyc), *_stat_key(source)), (pyc, source, int(matched.group(1) or 0))))
     todo = [item for key, item in items if key not in _BYTECODE]
-    # No warnings filter around the compiles: it is process-wide, and the studio checks from a worker thread.
-    computed = dict(zip(todo, (_bytecode_verdict(*item) for item in todo), strict=True))
+    computed = dict(zip(todo, _verdicts_on_every_cpu(todo), strict=True))
     checked, found = 0, []
     for key, item in items:
         if key not in _BYTECODE:

@@ -15,7 +15,9 @@ Env switches (read in the worker, so set them before the engine starts):
   at the same step once any rank saw it (:func:`seen_by_any_rank`).
 - ``MAGI2STUDIO_PREVIEW_MAP`` / ``MAGI2STUDIO_PREVIEW_EVERY``: rank 0 writes the live preview
   (:mod:`.engines.live_preview`) every N steps (default 10) into ``<metrics>/preview/``; the map is a
-  file ``scripts/fit_preview_map.py`` wrote for this decoder. Unset: no preview.
+  file ``scripts/fit_preview_map.py`` wrote for this decoder. Unset: no preview. The rate an engine
+  wrote into ``<metrics>/preview-request.json`` for the request (read at each sample's start) wins over
+  ``MAGI2STUDIO_PREVIEW_EVERY``.
 - ``MAGI2STUDIO_STAGE``: the stage name in the records (default ``preview``).
 - ``MAGI2_KERNELS``: ``off`` (default), ``on``, or per kernel; handed to
   ``magi2_kernels.overrides``. What was installed is written to ``kernels.json``.
@@ -32,6 +34,7 @@ missing from the installed vLLM-Omni raises at start-up instead of timing nothin
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -47,6 +50,7 @@ from .engines.metrics_folder import (
     PROGRESS_FILE,
     kernels_file,
     preview_folder,
+    read_preview_request,
     steps_file,
     test_checkpoint_file,
 )
@@ -85,11 +89,10 @@ class WorkerStepTimer(StepTimer):
         super().__init__(stage=stage, on_step=self._step_finished, on_sample=self._sample_finished)
         self.metrics_dir = metrics_dir
         self.cancel_file = cancel_file
-        self.rank0_preview: LivePreview | None = None
 
     def begin_sample(self, latent: Any, total_steps: int) -> None:
         self.rank = current_rank()
-        self.preview = self.rank0_preview if self.rank == 0 else None
+        self.preview = live_preview_from_env(self.metrics_dir) if self.rank == 0 else None
         super().begin_sample(latent, total_steps)
 
     def _step_finished(self, stage: str, index: int, total: int) -> None:
@@ -127,15 +130,27 @@ def seen_by_any_rank(seen: bool) -> bool:
 
 
 def live_preview_from_env(metrics_dir: Path, environ: Mapping[str, str] = os.environ) -> LivePreview | None:
-    """Rank 0's live preview into ``<metrics>/preview/`` when ``MAGI2STUDIO_PREVIEW_MAP`` names a fitted map.
+    """This sample's live preview into ``<metrics>/preview/`` when ``MAGI2STUDIO_PREVIEW_MAP`` names a fitted map.
 
+    Made at each sample's start (host side, before the loop), so the request's rate in the metrics folder
+    (:func:`~.engines.metrics_folder.read_preview_request`) applies without restarting the workers.
     No map is committed for the real Wan2.2 latent (none can be fitted without its VAE here): unset, off.
     """
 
-    map_file, every = environ.get(ENV_PREVIEW_MAP), int(environ.get(ENV_PREVIEW_EVERY, "10") or 0)
+    map_file = environ.get(ENV_PREVIEW_MAP)
+    every = read_preview_request(metrics_dir)
+    if every is None:
+        every = int(environ.get(ENV_PREVIEW_EVERY, "10") or 0)
     if not map_file or every <= 0:
         return None
-    return LivePreview(preview_folder(metrics_dir), every, LinearPreviewMap.read(map_file))
+    return LivePreview(preview_folder(metrics_dir), every, read_map(map_file))
+
+
+@functools.lru_cache(maxsize=2)
+def read_map(map_file: str) -> LinearPreviewMap:
+    """The map file, read once per worker (each sample's preview reuses it)."""
+
+    return LinearPreviewMap.read(map_file)
 
 
 def install_kernel_overrides(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
@@ -191,7 +206,6 @@ def register() -> dict[str, Any]:
         folder.mkdir(parents=True, exist_ok=True)
         timer = WorkerStepTimer(folder, os.environ.get(ENV_STAGE, "preview"), os.environ.get(ENV_CANCEL_FILE))
         set_process_timer(timer)
-        timer.rank0_preview = live_preview_from_env(folder)
         kernels_file(folder).write_text(json.dumps(kernels, sort_keys=True, default=str), encoding="utf-8")
         if test_depth is not None:
             test_checkpoint_file(folder).write_text(json.dumps(test_depth, sort_keys=True), encoding="utf-8")

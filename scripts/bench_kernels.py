@@ -469,7 +469,18 @@ def _record(sweep: list, which: str, config: GemmConfig, timed) -> float:
     return ms
 
 
+def copy_ceiling(dev: str, smoke: bool) -> float:
+    """Bytes per ms that one device-to-device copy reaches on this card, measured in this run: the
+    memory-bound kernels' floors divide by it (a fixed H200 figure overstated an H100's ratios by ~1.3x)."""
+
+    nbytes = (64 if smoke else 1024) << 20
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / bench(lambda: dst.copy_(src), smoke)
+
+
 def run_mhc(mhc_up, dev, smoke, results, checks):
+    ceiling = results["copy_bytes_per_ms"]
     gen = torch.Generator(device=dev).manual_seed(99)
     hidden = 64 if smoke else 3072
     tokens_list = [37] if smoke else [15015, 4_000_000]
@@ -496,7 +507,7 @@ def run_mhc(mhc_up, dev, smoke, results, checks):
                    upstream_triton_graph_ms=bench_graph(lambda: upstream_fused.forward_cuda(*args, **kw), smoke),
                    ours_launches=count_launches(lambda: mhc.post_residual(*args, **kw)),
                    native_launches=count_launches(lambda: native(*args, **kw)),
-                   bytes_floor=bytes_floor, floor_ms=bytes_floor / 4.24e9, ours_vs_floor=ms / (bytes_floor / 4.24e9))
+                   bytes_floor=bytes_floor, floor_ms=bytes_floor / ceiling, ours_vs_floor=ms / (bytes_floor / ceiling))
         if row["ours_graph_ms"] is not None:
             row["ours_graph_vs_floor"] = row["ours_graph_ms"] / row["floor_ms"]
         results["mhc"].append(row)
@@ -514,7 +525,7 @@ def run_mhc(mhc_up, dev, smoke, results, checks):
     results["mhc"].append(dict(kernel="mix", tokens=tokens, ours_ms=ms,
                                native_ms=bench(lambda: mhc_up.MHCMix.forward_native(streams, branch, post, residual),
                                                smoke),
-                               bytes_floor=mix_bytes, ours_vs_floor=ms / (mix_bytes / 4.24e9)))
+                               bytes_floor=mix_bytes, ours_vs_floor=ms / (mix_bytes / ceiling)))
     alpha, bias, logits = params[0], params[1], fused[:tokens, :4]
     ref = mhc.reference_apply_pre(streams.double(), alpha.double(), bias.double(), logits.double(), scale=0.01,
                                   out_dtype=torch.float64)
@@ -528,7 +539,7 @@ def run_mhc(mhc_up, dev, smoke, results, checks):
     pre_bytes = tokens * hidden * 2 * (4 + 1)
     ms = bench(lambda: mhc.apply_pre(streams, alpha, bias, logits, scale=0.01, out_dtype=DTYPE), smoke)
     results["mhc"].append(dict(kernel="pre", tokens=tokens, ours_ms=ms, native_ms=bench(native_pre, smoke),
-                               bytes_floor=pre_bytes, ours_vs_floor=ms / (pre_bytes / 4.24e9)))
+                               bytes_floor=pre_bytes, ours_vs_floor=ms / (pre_bytes / ceiling)))
     flat = streams.view(tokens, -1)
     weight = torch.randn(3, 4 * hidden, device=dev, generator=gen) * 0.1
     modality = torch.sort(torch.randint(0, 3, (tokens,), device=dev, generator=gen)).values
@@ -544,8 +555,16 @@ def run_mhc(mhc_up, dev, smoke, results, checks):
                        native_rel_err=rel(native_logits(), ref)))
     proj_bytes = tokens * 4 * hidden * 2
     ms = bench(lambda: mhc.logits(flat, weight, modality, 1e-6, phi), smoke)
-    results["mhc"].append(dict(kernel="projection", tokens=tokens, ours_ms=ms, native_ms=bench(native_logits, smoke),
-                               bytes_floor=proj_bytes, ours_vs_floor=ms / (proj_bytes / 4.24e9)))
+    row = dict(kernel="projection", tokens=tokens, ours_ms=ms, native_ms=bench(native_logits, smoke),
+               bytes_floor=proj_bytes, ours_vs_floor=ms / (proj_bytes / ceiling))
+    if flat.dtype == torch.bfloat16:  # a candidate (not the product's path): bf16 x against phi as three bf16 terms
+        split = [mhc.logits(flat, weight, modality, 1e-6, phi, bf16_split=True) for _ in range(5)]
+        checks.append(dict(check="candidate_mhc_projection_bf16_split", rel_err=rel(split[0], ref),
+                           deterministic_bit_identical=all(torch.equal(split[0], other) for other in split[1:])))
+        row["ours_bf16_split_ms"] = bench(lambda: mhc.logits(flat, weight, modality, 1e-6, phi, bf16_split=True),
+                                          smoke)
+        row["ours_bf16_split_vs_floor"] = row["ours_bf16_split_ms"] / (proj_bytes / ceiling)
+    results["mhc"].append(row)
     for row in results["mhc"][-3:]:
         print(json.dumps(row), flush=True)
 
@@ -578,7 +597,7 @@ def run_sink(dev, smoke, results, checks):
                                           native_ms=bench(native, smoke), ours_graph_ms=bench_graph(ours, smoke),
                                           native_graph_ms=bench_graph(native, smoke),
                                           ours_launches=count_launches(ours), native_launches=count_launches(native),
-                                          bytes_floor=nbytes, ours_vs_floor=ms / (nbytes / 4.24e9)))
+                                          bytes_floor=nbytes, ours_vs_floor=ms * results['copy_bytes_per_ms'] / nbytes))
     print(json.dumps(results["attention_sink"][-1]), flush=True)
 
 
@@ -594,7 +613,8 @@ def judge(check: dict) -> dict:
 
     failed = [k for k, v in check.items() if isinstance(v, bool) and not v]
     for key, value in check.items():
-        bound = PROJECTION_BOUND if check["check"] == "mhc_projection" and key == "rel_err" else CHECK_BOUNDS.get(key)
+        projection = check["check"] in ("mhc_projection", "candidate_mhc_projection_bf16_split")
+        bound = PROJECTION_BOUND if projection and key == "rel_err" else CHECK_BOUNDS.get(key)
         if bound is not None and not value <= bound:
             failed.append(key)
     check["passed"] = not failed
@@ -664,6 +684,7 @@ def main() -> None:
                                  python=sys.version.split()[0]),
                    platform=current_platform().describe(), rows=[], mhc=[], attention_sink=[], checks=[])
     checks = results["checks"]
+    results["copy_bytes_per_ms"] = copy_ceiling(dev, smoke)
     global E, TOP_K, D_HEAD, D_EXPERT, DTYPE
     if smoke:
         E, TOP_K, D_HEAD, D_EXPERT, DTYPE = 8, 2, 64, 128, torch.float16
@@ -699,7 +720,7 @@ def main() -> None:
                        ours_time_ratio=large[kind]["ours_ms"] / small[kind]["ours_ms"],
                        upstream_time_ratio=large[kind]["upstream_ms"] / small[kind]["upstream_ms"])
             for kind in ROUTINGS if kind in small and kind in large}
-    failed = [c["check"] for c in checks if not c["passed"]]
+    failed = [c["check"] for c in checks if not c["passed"] and not c["check"].startswith("candidate_")]
     results["passed"] = not failed and not results.get("errors")
     save()
     print("\nchecks:")

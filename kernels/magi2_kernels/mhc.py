@@ -133,9 +133,12 @@ def apply_pre(
 
 def logits(
     flattened: torch.Tensor, norm_weight: torch.Tensor, modality_ids: torch.Tensor | None, eps: float,
-    phi: torch.Tensor, *, num_streams: int = 4, platform: Platform | None = None,
+    phi: torch.Tensor, *, num_streams: int = 4, platform: Platform | None = None, bf16_split: bool = False,
 ) -> torch.Tensor:
-    """mHC coefficient logits ``[T, 2n + n^2]`` from ``flattened[T, n C]`` (norm weight ``[modalities, n C]``)."""
+    """mHC coefficient logits ``[T, 2n + n^2]`` from ``flattened[T, n C]`` (norm weight ``[modalities, n C]``).
+
+    ``bf16_split``: for bf16 ``flattened``, three bf16 MMAs against ``phi`` split in three bf16 terms in place of
+    fp32 dots at the platform's precision (``mhc_triton.split_bf16``); the bench measures both."""
 
     platform = platform or current_platform()
     if not platform.triton:
@@ -143,5 +146,6 @@ def logits(
     from . import mhc_triton
 
     return mhc_triton.logits(
-        flattened, norm_weight, modality_ids, eps, phi, num_streams=num_streams, dot_precision=platform.dot_precision
+        flattened, norm_weight, modality_ids, eps, phi, num_streams=num_streams, dot_precision=platform.dot_precision,
+        bf16_split=bf16_split,
     )

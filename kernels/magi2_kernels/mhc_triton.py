@@ -115,8 +115,10 @@ def _logits_partial_kernel(
     by modality, so a block usually needs one modality; a block across a boundary runs once per
     modality present and keeps each token's own result. ``PHI_PARTS`` 0: x in fp32 against the
     fp32 ``phi_m`` at ``DOT_PRECISION``; 3: bf16 x as it is against ``phi_m`` split into three
-    bf16 terms (``phi_m = p1 + p2 + p3`` to fp32's 24 bits; each bf16 product is exact in the fp32
-    accumulator), three bf16 MMAs in place of tf32x3's three tf32 ones and no conversion of x.
+    bf16 terms (``phi_m = p1 + p2 + p3`` to fp32's 24 bits; each bf16 product is exact), three bf16
+    MMAs in place of tf32x3's three tf32 ones and no conversion of x. The small terms go into their
+    own accumulator: added into p1's, Hopper's MMA dropped their low bits (1.05e-5 against fp64
+    on the H100 with one accumulator, fp32 dots 2.3e-7).
     ``UPCAST_PARTS``: the same products as fp32 ``ieee`` dots (Triton's interpreter multiplies bf16
     tiles wrongly, so the CPU tests run the split this way).
     """
@@ -145,6 +147,7 @@ def _logits_partial_kernel(
     for m in tl.static_range(NUM_MODALITIES):
         if (m >= first) & (m <= last):
             acc_m = tl.zeros((BLOCK_T, N_PAD), dtype=tl.float32)
+            acc_lo = tl.zeros((BLOCK_T, N_PAD), dtype=tl.float32)  # the split's small terms, summed apart
             sumsq = tl.zeros((BLOCK_T,), dtype=tl.float32)
             phi_rows = phi_ptr + m * stride_phim + stream * STREAM_WIDTH * N_PAD
             for k0 in tl.range(0, STREAM_WIDTH, BLOCK_K):
@@ -154,13 +157,16 @@ def _logits_partial_kernel(
                 phi_k = phi_rows + (k0 + k)[:, None] * N_PAD + n[None, :]
                 if PHI_PARTS == 0:
                     acc_m = tl.dot(x, tl.load(phi_k), acc_m, input_precision=DOT_PRECISION)
+                elif UPCAST_PARTS:
+                    acc_m = tl.dot(x, tl.load(phi_k).to(tl.float32), acc_m, input_precision="ieee")
+                    for part in tl.static_range(1, PHI_PARTS):
+                        acc_lo = tl.dot(x, tl.load(phi_k + part * stride_phip).to(tl.float32), acc_lo,
+                                        input_precision="ieee")
                 else:
-                    for part in tl.static_range(PHI_PARTS):
-                        if UPCAST_PARTS:
-                            acc_m = tl.dot(x, tl.load(phi_k + part * stride_phip).to(tl.float32), acc_m,
-                                           input_precision="ieee")
-                        else:
-                            acc_m = tl.dot(x_in, tl.load(phi_k + part * stride_phip), acc_m)
+                    acc_m = tl.dot(x_in, tl.load(phi_k), acc_m)
+                    for part in tl.static_range(1, PHI_PARTS):
+                        acc_lo = tl.dot(x_in, tl.load(phi_k + part * stride_phip), acc_lo)
+            acc_m += acc_lo
             acc = tl.where((modality == m)[:, None], acc_m, acc)
     out = (stream * tokens + t64)
     tl.store(partial_ptr + out[:, None] * N_PAD + n[None, :], acc, mask=t_ok[:, None])

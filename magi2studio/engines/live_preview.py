@@ -13,7 +13,8 @@ event (``query``, never ``synchronize``) and writes the picture once it is done.
 end (:meth:`LivePreview.flush`, after the timer's own one sync) writes what is still pending.
 
 What the folder holds: ``preview-<stage>-<step>.gif`` (the newest two are kept) and
-``preview.json`` naming the newest, both written atomically; readers read ``preview.json``.
+``preview.json`` naming the newest, both written atomically; readers read ``preview.json``
+(:class:`NewestPreview`, which every engine's progress events use).
 """
 
 from __future__ import annotations
@@ -172,6 +173,31 @@ def read_latest(folder: str | Path) -> dict[str, Any] | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return {**info, "path": str(Path(folder) / info["image"])}
+
+
+class NewestPreview:
+    """A run's preview folder as its progress events see it: each new picture is named once."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.shown: set[str] = set()
+
+    def take(self) -> str | None:
+        """The newest picture's path if no earlier event named it, else None."""
+
+        latest = read_latest(self.folder)
+        if latest is None or latest["path"] in self.shown:
+            return None
+        self.shown.add(latest["path"])
+        return latest["path"]
+
+
+def preview_note(every: int, preview_map: Path | None) -> dict[str, Any] | str:
+    """The manifest's ``resolved.live_preview``: the rate and map, or why there is none."""
+
+    if preview_map is None:
+        return "off: no preview map fitted to this decoder"
+    return {"every": every, "map": preview_map.stem} if every else "off"
 
 
 class LivePreview:

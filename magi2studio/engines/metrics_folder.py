@@ -2,7 +2,9 @@
 
 One protocol, both sides. The worker plugin (:mod:`magi2studio.plugin`) writes: each rank appends
 its step records to ``steps-rank<N>.jsonl``, rank 0 appends one ``progress.jsonl`` line per
-finished step, and ``kernels.json`` records the installed kernels. The engine child
+finished step, rank 0 writes the live preview into ``preview/``, and ``kernels.json`` records the
+installed kernels. The engine writes one file: ``preview-request.json``, the next request's preview
+rate, which rank 0 reads at each sample's start. The engine child
 (:mod:`.engines.vllm_omni.worker`) and the server engine (:mod:`.engines.vllm_omni.server`) read
 it back by byte offset, so each request gets only its own records.
 """
@@ -41,6 +43,36 @@ def preview_folder(metrics_dir: str | Path) -> Path:
     """Rank 0's live preview pictures and ``preview.json`` (engines.live_preview.read_latest reads it)."""
 
     return Path(metrics_dir) / "preview"
+
+
+def preview_request_file(metrics_dir: str | Path) -> Path:
+    return Path(metrics_dir) / "preview-request.json"
+
+
+def write_preview_request(metrics_dir: str | Path, every: int) -> None:
+    """Before a request: its preview rate (0: off) for rank 0, and an empty ``preview/``.
+
+    The workers start once per start options (a 307 GB model load), so a per-request rate comes
+    through this file, not through their env; the previous request's pictures are removed so that
+    this request's progress shows none of them. Called only while no request runs.
+    """
+
+    import shutil
+
+    shutil.rmtree(preview_folder(metrics_dir), ignore_errors=True)
+    target = preview_request_file(metrics_dir)
+    temp = target.with_name(f".{target.name}.tmp")
+    temp.write_text(json.dumps({"every": every}), encoding="utf-8")
+    temp.replace(target)
+
+
+def read_preview_request(metrics_dir: str | Path) -> int | None:
+    """The rate :func:`write_preview_request` left, or None where no engine wrote one (a hand-started server)."""
+
+    try:
+        return int(json.loads(preview_request_file(metrics_dir).read_text(encoding="utf-8"))["every"])
+    except FileNotFoundError:
+        return None
 
 
 def step_offsets(metrics_dir: Path) -> dict[Path, int]:

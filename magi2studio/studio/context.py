@@ -13,6 +13,7 @@ from urllib.parse import quote
 from gradio.utils import get_upload_folder
 
 from ..engines.base import Capabilities, Engine
+from .history import forget_deleted
 from .slot import EngineSlot
 
 ASSETS = Path(__file__).with_name("assets")
@@ -87,6 +88,8 @@ class StudioContext:
                 path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Remove the scratch folder (zips, staged uploads): nothing of the studio's stays in /tmp."""
+        """Remove the scratch folder (zips, staged uploads): nothing of the studio's stays in /tmp; and the
+        run History kept to undo its last delete (the undo ends with the studio)."""
         shutil.rmtree(self.scratch, ignore_errors=True)
+        forget_deleted(self.outputs_root)
 

@@ -103,8 +103,15 @@ def details(entry: RunEntry) -> str:
             f"{entry.steps} steps · layout {entry.layout} · {entry.created}\n\n> {prompt}{badge}")
 
 
+# The last deleted run folder waits here, hidden (History lists, and the studio serves, no hidden folder), so
+# its delete can be undone until the next delete or the studio's exit.
+DELETED = ".deleted"
+
+
 def delete_run(outputs_root: Path, path: str | Path) -> str:
-    """Delete one run folder; refuse anything that is not a complete run folder directly under the outputs root."""
+    """Delete one run folder, undoably (:func:`undo_delete`): it goes into the outputs root's hidden
+    ``.deleted`` folder, which keeps only the last one deleted. Refuse anything that is not a complete run
+    folder directly under the outputs root."""
     root = Path(outputs_root).resolve()
     folder = Path(path)
     fix = "pick a run in History (only run folders under the outputs root are deleted)"
@@ -113,7 +120,30 @@ def delete_run(outputs_root: Path, path: str | Path) -> str:
     folder = folder.resolve()
     if _entry(folder) is None:
         raise InputError("run", f"{folder.name} is not a complete run folder (no readable manifest)", fix)
-    hidden = root / f".deleting-{folder.name}-{uuid.uuid4().hex[:6]}"
-    folder.rename(hidden)
-    shutil.rmtree(hidden)
+    forget_deleted(root)
+    (root / DELETED).mkdir()
+    folder.rename(root / DELETED / folder.name)
     return folder.name
+
+
+def undo_delete(outputs_root: Path, name: str) -> str:
+    """Put the last deleted run folder back where it was."""
+    root = Path(outputs_root).resolve()
+    kept = root / DELETED / Path(name or "").name
+    if not name or not kept.is_dir():
+        raise InputError("run", f"{name or 'that run'} is no longer kept to be restored (only the last delete can "
+                                "be undone, until the next delete or the studio's exit)", "press Refresh")
+    if (root / kept.name).exists():
+        raise InputError("run", f"{kept.name} exists again under {root}", "press Refresh")
+    kept.rename(root / kept.name)
+    forget_deleted(root)
+    return kept.name
+
+
+def forget_deleted(outputs_root: Path) -> None:
+    """Remove the kept deleted run for good (renamed first, so a half-removed folder is never kept)."""
+    kept = Path(outputs_root) / DELETED
+    if kept.is_dir():
+        going = kept.with_name(f".deleting-{uuid.uuid4().hex[:6]}")
+        kept.rename(going)
+        shutil.rmtree(going)

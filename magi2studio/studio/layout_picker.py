@@ -24,6 +24,8 @@ from .context import StudioContext
 from .form import CUSTOM, layout_from_form
 
 REFUSED_MARK = "⊘"
+# A second control built with ``same_as`` (A/B's candidate) starts here: the first control's layout.
+SAME = "same"
 # Engines that run the real checkpoint check its memory fit themselves; for the others the
 # fit line is advice for a GPU run, not part of this engine's verdict.
 REAL_CHECKPOINT_ENGINES = ("vllm-omni", "vllm-omni-server")
@@ -127,17 +129,23 @@ class LayoutControl:
 
 
 def build_control(ctx: StudioContext, tier: gr.components.Component, first_tier: str, *, elem_prefix: str = "layout",
-                  restart_notice: bool = True) -> LayoutControl:
+                  restart_notice: bool = True, same_as: str | None = None) -> LayoutControl:
     """Build and wire the Layout control under the current Blocks context; ``tier`` is the tab's tier input.
 
-    ``restart_notice`` is off where a run does not use the studio's engine (A/B runs each in a fresh process)."""
+    ``restart_notice`` is off where a run does not use the studio's engine (A/B runs each in a fresh process).
+    ``same_as`` names another control on the tab: this one then offers (and starts at) :data:`SAME`, its layout."""
     caps = ctx.capabilities
     states = preset_states(ctx.engine, get_tier(first_tier))
     first_preset = default_preset(ctx.engine, ctx.slot.preload, states, caps.demo_layout)
     first_sp, first_cfg, first_ep = fields_for(first_preset, ctx.engine.layout or ctx.slot.preload)
-    custom = first_preset == CUSTOM
+    custom = first_preset == CUSTOM and not same_as
+
+    def offered(tier_states: list[PresetState]) -> list[tuple[str, str]]:
+        return [(f"same as the {same_as}", SAME), *choices(tier_states)] if same_as else choices(tier_states)
+
     with gr.Group():
-        preset = gr.Dropdown(choices(states), value=first_preset, label="Layout", elem_id=f"{elem_prefix}-preset",
+        preset = gr.Dropdown(offered(states), value=SAME if same_as else first_preset, label="Layout",
+                             elem_id=f"{elem_prefix}-preset",
                              info=f"{REFUSED_MARK} marks a layout this engine cannot run, with why")
         with gr.Row():
             sp = gr.Number(value=first_sp, label="SP (Ulysses)", precision=None, interactive=custom,
@@ -151,10 +159,14 @@ def build_control(ctx: StudioContext, tier: gr.components.Component, first_tier:
     inputs = [*control.fields, tier]
 
     def check(preset_value, sp_value, cfg_value, ep_value, tier_value):
+        if preset_value == SAME and same_as:
+            return f"= the {same_as}'s layout"
         values = {"layout_preset": preset_value, "sp": sp_value, "cfg": cfg_value, "ep": ep_value, "tier": tier_value}
         return verdict(values, caps, ctx.engine, ctx.gpu_gib, restart_notice)
 
     def preset_changed(preset_value):
+        if preset_value == SAME:  # the other control's: its own fields say nothing
+            return gr.Number(interactive=False), gr.Number(interactive=False), gr.Textbox(interactive=False)
         if preset_value not in PRESETS:  # custom: the fields keep their values and open for editing
             return gr.Number(interactive=True), gr.Number(interactive=True), gr.Textbox(interactive=True)
         sp_value, cfg_value, ep_value = fields_for(preset_value)
@@ -166,7 +178,7 @@ def build_control(ctx: StudioContext, tier: gr.components.Component, first_tier:
     for component in (sp, cfg, ep, tier):
         component.change(check, inputs, line, queue=False, api_visibility="private")
     # What this engine refuses can depend on the tier (1080p's refiner has its own head counts).
-    tier.change(lambda t: gr.Dropdown(choices=choices(preset_states(ctx.engine, TIERS[t])))
+    tier.change(lambda t: gr.Dropdown(choices=offered(preset_states(ctx.engine, TIERS[t])))
                 if t in TIERS else gr.Dropdown(), tier, preset, queue=False, api_visibility="private")
     ctx.defer(lambda: ctx.demo.load(check, inputs, line, queue=False, api_visibility="private"))
     return control

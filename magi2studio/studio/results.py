@@ -50,9 +50,20 @@ def _ms(value: float | None) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min ({seconds:.0f} s)"
 
 
+def engine_start_text(manifest: dict[str, Any]) -> str:
+    """The engine start this run waited for: the queue runner records it in the manifest's ``studio`` block
+    when it started the engine for the job (the run's own stages begin after it)."""
+    studio = manifest.get("studio")
+    if studio is None:
+        return "not recorded (run outside the studio's queue)"
+    if studio.get("engine_start_s") is None:
+        return "none: the engine was already running this layout"
+    return _ms(studio["engine_start_s"] * 1000)
+
+
 def summary_frame(manifest: dict[str, Any]) -> pd.DataFrame:
-    """The gate metric (ms/step) with median / min / max and totals per stage, then stage times."""
-    rows: list[tuple[str, str]] = []
+    """The engine start, the gate metric (ms/step) with median / min / max and totals per stage, then stage times."""
+    rows: list[tuple[str, str]] = [("engine start", engine_start_text(manifest))] if manifest else []
     timing = manifest.get("timing", {})
     for stage, summary in timing.get("stages", {}).items():
         rows.append((f"{stage} gate metric (slowest rank, steps 0-1 dropped)",

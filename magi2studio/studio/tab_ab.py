@@ -7,25 +7,87 @@ GPUs, so the view says so and points to ``magi2studio ab`` from a shell.
 
 from __future__ import annotations
 
+import html
+import re
 import time
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
-from ..reproduction.ab import BIT_IDENTICAL, check_pairs, parse_side, run_ab
+from ..reproduction.ab import BIT_IDENTICAL, SIDES, Side, check_pairs, parse_side, run_ab, side_request
 from ..errors import Cancelled, InputError
-from ..vocabulary.request import build_request, whole_number
+from ..vocabulary.request import Request, build_request, whole_number
 from . import layout_picker as LP
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
-from .form import layout_from_form
+from .form import ENGINE_DEFAULT, layout_from_form
 
 TAB_ID = "ab"
 COLUMNS = ["#", "side", "pair", "status", "gate ms/step", "engine start ms", "frames sha256", "pcm sha256"]
-SETTING_HELP = "one per line: env.KEY=VALUE, engine.KEY=VALUE, request.FIELD=VALUE or layout=NAME"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The command line's side settings (magi2studio ab --control ...); an older /ab call sends these in a side's box.
+SETTING_PREFIXES = ("env.", "engine.", "request.", "layout=")
 
 
-def setting_lines(text: str | None) -> list[str]:
-    return [line.strip() for line in (text or "").splitlines() if line.strip()]
+def env_settings(label: str, text: str | None) -> list[str]:
+    """A side's Environment box as side settings: one ``KEY=VALUE`` a line is an environment variable.
+
+    A line in the command line's form (``env.``, ``engine.``, ``request.``, ``layout=``) is passed on as it is,
+    so an /ab call written before the side's fields keeps working."""
+    settings = []
+    for line in (line.strip() for line in (text or "").splitlines()):
+        if not line:
+            continue
+        key, sep, _ = line.partition("=")
+        if line.startswith(SETTING_PREFIXES):
+            settings.append(line)
+        elif sep and ENV_NAME.fullmatch(key):
+            settings.append(f"env.{line}")
+        else:
+            raise InputError(f"{label}.environment", f"{line!r} is not KEY=VALUE",
+                             "write one environment variable a line, e.g. MAGI2_KERNELS=on")
+    return settings
+
+
+class SideRefusal(InputError):
+    """A refusal of one side's field (its layout), in the field's own words, with the side it belongs to."""
+
+    def __init__(self, side: str, err: InputError) -> None:
+        super().__init__(err.field, err.problem, err.fix)
+        self.side = side
+
+
+@dataclass(frozen=True)
+class SideFields:
+    """One side's controls: its layout, compile mode, deterministic, environment, and its error line."""
+
+    layout: LP.LayoutControl
+    compile: gr.Dropdown
+    deterministic: gr.Checkbox
+    environment: gr.Textbox
+    error: gr.Markdown
+
+
+def side_from_fields(label: str, base: Request, environment: str | None, layout_name: str, compile_value: str | None,
+                     deterministic_value: bool | None) -> Side:
+    """The side the fields describe: what differs from the request (compile, deterministic) becomes a request
+    override; a ``request.`` line of the box (an older call's) wins over the fields."""
+    side = parse_side(label, env_settings(label, environment), layout_name)
+    overrides: dict = {}
+    if compile_value not in (None, "", ENGINE_DEFAULT):
+        overrides["compile"] = compile_value
+    if deterministic_value is not None and bool(deterministic_value) != base.deterministic:
+        overrides["deterministic"] = bool(deterministic_value)
+    side = replace(side, request_overrides={**overrides, **side.request_overrides})
+    side_request(base, side)  # refused here, at the door, not when its first run starts
+    return side
+
+
+def _error_line(text: str = "", box: str | None = None) -> gr.Markdown:
+    """A refusal next to its field (red, ``role=alert``); empty: hidden."""
+    where = {"elem_id": f"error-ab-{box}", "elem_classes": ["m2s-error"]} if box else {}
+    value = f'<span class="m2s-refusal" role="alert">✗ {html.escape(text)}</span>' if text else ""
+    return gr.Markdown(value=value, visible=bool(text), **where)
 
 
 def run_rows(runs) -> list[list]:
@@ -66,43 +128,91 @@ def build(ctx: StudioContext) -> None:
                         "needs them in a fresh process: stop the studio and run `magi2studio ab` from a shell "
                         "(docs/reproduce.md).")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", lines=3, scale=3)
+            prompt = gr.Textbox(label="Prompt", lines=3, scale=3, elem_id="ab-prompt")
             with gr.Column(scale=1):
                 tier = gr.Dropdown([t for t, why in ctx.capabilities.tiers.items() if not why], value="272p",
                                    label="Tier")
                 seed = gr.Number(42, precision=0, label="Seed")
                 steps = gr.Textbox("", label="Steps", placeholder="blank: engine default")
                 pairs = gr.Number(3, precision=0, label="Pairs")
+        request_error = _error_line(box="request")
+        sides = {}
         with gr.Row():
-            control = gr.Textbox(label="Control", lines=3, placeholder=SETTING_HELP)
-            candidate = gr.Textbox(label="Candidate", lines=3, placeholder=SETTING_HELP)
-            with gr.Column():  # both sides' layout (a side's layout=NAME overrides it); each run is a fresh process
-                layout = LP.build_control(ctx, tier, "272p", elem_prefix="ab-layout", restart_notice=False)
+            for label in SIDES:
+                with gr.Column():
+                    gr.Markdown(f"**{label.capitalize()}**")
+                    # Each run is a fresh process, so neither side restarts the studio's engine.
+                    layout = LP.build_control(ctx, tier, "272p", elem_prefix=f"ab-{label}-layout", restart_notice=False,
+                                              same_as=None if label == SIDES[0] else SIDES[0])
+                    compile_mode = gr.Dropdown([ENGINE_DEFAULT, *ctx.capabilities.compile_modes],
+                                               value=ENGINE_DEFAULT, label="Compile mode",
+                                               elem_id=f"ab-{label}-compile")
+                    deterministic = gr.Checkbox(True, label="Deterministic", elem_id=f"ab-{label}-deterministic")
+                    environment = gr.Textbox(label="Environment variables", lines=2, elem_id=f"ab-{label}-env",
+                                             placeholder="one KEY=VALUE a line, e.g. MAGI2_KERNELS=on",
+                                             info="set in the side's process before anything is imported")
+                    sides[label] = SideFields(layout, compile_mode, deterministic, environment,
+                                              _error_line(box=label))
         with gr.Row():
-            start = gr.Button("Run the pairs", variant="primary", interactive=in_process_engine)
+            start = gr.Button("Run the pairs", variant="primary", interactive=in_process_engine, elem_id="ab-start")
             stop = gr.Button("Stop")
         status = gr.Markdown()
         table = gr.Dataframe(headers=COLUMNS, interactive=False, label="Runs")
         verdict = gr.Markdown()
 
     jobs = BackgroundJobs("ab", (Cancelled, InputError))
+    control, candidate = sides[SIDES[0]], sides[SIDES[1]]
+    error_lines = [request_error, control.error, candidate.error]
 
-    def run_pairs(prompt_value, tier_value, seed_value, steps_value, pairs_value, control_value, candidate_value,
-                  preset_value, sp_value, cfg_value, ep_value, request: gr.Request):
+    def read_form(prompt_value, tier_value, seed_value, steps_value, pairs_value, control_env, candidate_env,
+                  preset_value, sp_value, cfg_value, ep_value, candidate_preset, candidate_sp, candidate_cfg,
+                  candidate_ep, control_compile, candidate_compile, control_deterministic, candidate_deterministic):
+        """The pair count, the base request and the two sides; the first InputError names its field."""
+        count = check_pairs(int(pairs_value) if pairs_value is not None else 0)
+        base = build_request(prompt=prompt_value or "", tier=tier_value,
+                             seed=int(seed_value if seed_value is not None else 42),
+                             steps=whole_number(steps_value if steps_value not in ("", None) else None, "steps"))
+        layouts = {}
+        for label, preset, sp, cfg, ep in ((SIDES[0], preset_value, sp_value, cfg_value, ep_value),
+                                           (SIDES[1], candidate_preset, candidate_sp, candidate_cfg, candidate_ep)):
+            try:
+                layouts[label] = (layouts[SIDES[0]] if preset == LP.SAME and label != SIDES[0]
+                                  else layout_from_form(preset, sp, cfg, ep).name)
+            except InputError as err:
+                raise SideRefusal(label, err) from None
+        built = (side_from_fields(SIDES[0], base, control_env, layouts[SIDES[0]], control_compile,
+                                  control_deterministic),
+                 side_from_fields(SIDES[1], base, candidate_env, layouts[SIDES[1]], candidate_compile,
+                                  candidate_deterministic))
+        return count, base, built
+
+    def check_form(*values):
+        """The page's door: each refusal on the line of its part of the form (the request, or a side)."""
+        try:
+            read_form(*values)
+        except (InputError, ValueError) as err:
+            side = getattr(err, "side", None) or next(
+                (label for label in SIDES if getattr(err, "field", "").startswith(label)), None)
+            box = {None: request_error, SIDES[0]: control.error, SIDES[1]: candidate.error}[side]
+            yield {line: _error_line(str(err)) if line is box else _error_line() for line in error_lines}
+            raise gr.Error(str(err), visible=False, print_exception=False) from None
+        yield {line: _error_line() for line in error_lines}
+
+    def run_pairs(prompt_value, tier_value, seed_value, steps_value, pairs_value, control_env, candidate_env,
+                  preset_value, sp_value, cfg_value, ep_value, candidate_preset, candidate_sp, candidate_cfg,
+                  candidate_ep, control_compile, candidate_compile, control_deterministic, candidate_deterministic,
+                  request: gr.Request):
         owner = request.session_hash or "anonymous"
         try:
-            count = check_pairs(int(pairs_value) if pairs_value is not None else 0)
-            base = build_request(prompt=prompt_value or "", tier=tier_value,
-                                 seed=int(seed_value if seed_value is not None else 42),
-                                 steps=whole_number(steps_value if steps_value not in ("", None) else None, "steps"))
-            both = layout_from_form(preset_value, sp_value, cfg_value, ep_value).name
-            sides = (parse_side("control", setting_lines(control_value), both),
-                     parse_side("candidate", setting_lines(candidate_value), both))
+            count, base, both = read_form(
+                prompt_value, tier_value, seed_value, steps_value, pairs_value, control_env, candidate_env,
+                preset_value, sp_value, cfg_value, ep_value, candidate_preset, candidate_sp, candidate_cfg,
+                candidate_ep, control_compile, candidate_compile, control_deterministic, candidate_deterministic)
         except (InputError, ValueError) as err:
             raise gr.Error(str(err), print_exception=False) from None
         out = ctx.outputs_root / "ab" / time.strftime("%Y%m%d-%H%M%S")
         runs_seen: dict[int, object] = {}
-        events = jobs.start(owner, lambda cancel, emit: run_ab(base, sides, count, engine_name=ctx.capabilities.engine,
+        events = jobs.start(owner, lambda cancel, emit: run_ab(base, both, count, engine_name=ctx.capabilities.engine,
                                                                 out=out, cancel=cancel, on_event=emit))
         yield f"{2 * count} runs, each in a fresh process", [], ""
         for kind, first, payload in events:
@@ -127,8 +237,17 @@ def build(ctx: StudioContext) -> None:
             return "nothing of yours is running"
         return "stopping: the running process is ended at its next progress line"
 
-    # The layout's preset stands where the old free-text layout stood; the custom SP / CFG / EP follow at the end.
-    start.click(run_pairs, [prompt, tier, seed, steps, pairs, control, candidate, *layout.fields],
-                [status, table, verdict],
-                api_name="ab", concurrency_limit=1)
+    # /ab keeps the shape it had before the sides' fields: the side boxes, then the control's layout where the
+    # both-sides layout stood (the candidate's starts as "same as the control"); the new fields follow, defaulted.
+    inputs = [prompt, tier, seed, steps, pairs, control.environment, candidate.environment, *control.layout.fields,
+              *candidate.layout.fields, control.compile, candidate.compile, control.deterministic,
+              candidate.deterministic]
+    # A refusal goes once its part of the form changes, as on Generate.
+    for side in (control, candidate):
+        for field in (*side.layout.fields, side.compile, side.deterministic, side.environment):
+            field.change(_error_line, None, side.error, queue=False, api_visibility="private")
+    for field in (prompt, tier, seed, steps, pairs):
+        field.change(_error_line, None, request_error, queue=False, api_visibility="private")
+    start.click(check_form, inputs, error_lines, api_visibility="private").success(
+        run_pairs, inputs, [status, table, verdict], api_name="ab", concurrency_limit=1)
     stop.click(stop_pairs, None, status, api_name="ab_stop", queue=False)

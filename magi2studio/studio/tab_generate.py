@@ -20,6 +20,7 @@ from typing import Any
 import gradio as gr
 
 from ..errors import InputError
+from ..run_folder.runs import load_run
 from ..vocabulary.request import RANDOM_SEED, draw_seed
 from ..vocabulary.tiers import TIERS
 from . import form as F
@@ -54,15 +55,15 @@ def _fixed(line: str):
     return _error_line(""), _error_line(""), progress_html("idle") if REFUSED in (line or "") else gr.HTML()
 
 
-def _ended_line(record) -> str:
-    """The tick's last line for the job it followed after a reload: how it ended. Results is not switched (the
-    tick has no Results outputs): the job list's *open* shows the run."""
+def _ended_line(record, in_results: bool = False) -> str:
+    """The tick's last line for the job it followed after a reload: how it ended. The tab is not switched;
+    the run is in Results (``in_results``) unless the person opened another since, then *open* shows it."""
     if record is None:
         return progress_html("idle")
     took = f" in {record.finished - record.started:.1f} s" if record.finished and record.started else ""
     if record.state == "done":
-        return progress_html(f"#{record.ticket} done{took}: {record.run} ('open' in the job list shows it)", 1.0,
-                             state="done-kept")
+        where = "in Results" if in_results else "'open' in the job list shows it"
+        return progress_html(f"#{record.ticket} done{took}: {record.run} ({where})", 1.0, state="done-kept")
     return progress_html(f"#{record.ticket} {record.state}" + (f": {record.message}" if record.message else ""),
                          state="cancelled" if record.state == "cancelled" else record.state)
 
@@ -333,9 +334,9 @@ def build(ctx: StudioContext) -> None:
         page = getattr(request, "session_hash", None) or ""
         if any(record.id in streamed for record in mine):
             followed.pop(page, None)  # the stream's own last line must stay
-            return _status_text(ctx), gr.Button(interactive=True), gr.HTML()
+            return {status: _status_text(ctx), cancel: gr.Button(interactive=True)}
         running = ctx.slot.running_clock()
-        line = gr.HTML()
+        line, shown = None, {}
         for record in mine:
             if running is not None and record.id == running[0]:
                 now, clock = time.monotonic(), running[1]
@@ -351,11 +352,28 @@ def build(ctx: StudioContext) -> None:
                 followed[page] = mine[0].id
             elif page in followed:
                 ended = followed.pop(page)
-                line = _ended_line(next((record for record in state.jobs if record.id == ended), None))
-        return _status_text(ctx), gr.Button(interactive=bool(mine)), line
+                record = next((record for record in state.jobs if record.id == ended), None)
+                shown = _finished_run(record, request)
+                line = _ended_line(record, in_results=bool(shown))
+        # A dict: Results is only touched when the followed job's run goes there.
+        return {status: _status_text(ctx), cancel: gr.Button(interactive=bool(mine)),
+                **({} if line is None else {progress: line}), **shown}
 
-    timer.tick(page_tick, None, [status, cancel, progress], queue=False, show_progress="hidden",
-               api_visibility="private")
+    def _finished_run(record, request: gr.Request) -> dict:
+        """Results' values for the page's job that finished while no stream followed it (after a reload; the
+        audit: it was missing from Results until a second reload), unless the person opened a run since."""
+        if record is None or record.state != "done" or not record.run:
+            return {}
+        if ctx.results.opened_since(request, record.submitted):
+            return {}
+        try:
+            run = load_run(ctx.outputs_root / record.run)
+        except InputError:  # deleted meanwhile: the line still says how the job ended
+            return {}
+        return ctx.results.values_for(run)
+
+    ctx.defer(lambda: timer.tick(page_tick, None, [status, cancel, progress, *ctx.results.components], queue=False,
+                                 show_progress="hidden", api_visibility="private"))
 
 
 def _status_text(ctx: StudioContext) -> str:

@@ -37,6 +37,10 @@ def build(ctx: StudioContext) -> None:
                 confirm_text = gr.Markdown()
                 confirm = gr.Button("Yes, delete it", variant="stop", elem_id="history-delete-yes", scale=0)
                 keep = gr.Button("Keep it", elem_id="history-delete-no", scale=0)
+        with gr.Row(visible=False, elem_id="history-undo-row") as undo_row:
+            undo_text = gr.Markdown()
+            undo = gr.Button("Undo", elem_id="history-undo", scale=0, min_width=100)
+        deleted = gr.State(None)
         picked = gr.State(None)
         batch_panel.build_grid(ctx, picked, "history-batch")
         shown = gr.State([])
@@ -74,8 +78,15 @@ def build(ctx: StudioContext) -> None:
             name = H.delete_run(ctx.outputs_root, path or "")
         except InputError as err:
             raise gr.Error(str(err), print_exception=False) from None
-        gr.Info(f"deleted {name}")
-        return (*load_history(text), gr.Row(visible=False))
+        return (*load_history(text), gr.Row(visible=False), gr.Row(visible=True),
+                f"Deleted **{name}**. Undo puts it back (until the next delete or the studio's exit).", name)
+
+    def undo_delete(name: str | None, text: str | None):
+        try:
+            H.undo_delete(ctx.outputs_root, name or "")
+        except InputError as err:
+            raise gr.Error(str(err), print_exception=False) from None
+        return (*load_history(text), gr.Row(visible=False), None)
 
     for trigger in (tab.select, refresh.click, query.change):
         trigger(load_history, query, listing, api_visibility="private")
@@ -84,6 +95,8 @@ def build(ctx: StudioContext) -> None:
     ask_delete.click(lambda path: (gr.Row(visible=True), f"Delete **{Path(path).name}** and all its files for good?"
                                    if path else ""), picked, [confirm_row, confirm_text], api_visibility="private")
     keep.click(lambda: gr.Row(visible=False), None, confirm_row, api_visibility="private")
-    confirm.click(delete, [picked, query], [*listing, confirm_row], api_visibility="private")
+    confirm.click(delete, [picked, query], [*listing, confirm_row, undo_row, undo_text, deleted],
+                  api_visibility="private")
+    undo.click(undo_delete, [deleted, query], [*listing, undo_row, deleted], api_visibility="private")
     ctx.defer(lambda: open_run.click(open_in_results, picked, ctx.results.components, api_visibility="private")
               .success(lambda: gr.Tabs(selected="results"), None, ctx.tabs, queue=False, api_visibility="private"))

@@ -15,6 +15,8 @@ import math
 
 import pandas as pd
 
+from ..engines.timing import EXCLUDED_STEPS
+
 WIDTH, HEIGHT = 680, 230
 LEFT, RIGHT, TOP, BOTTOM = 64, 14, 24, 40  # the top margin holds the labels of points above the axis
 SLOWEST_COLOR = "#2563eb"
@@ -48,17 +50,27 @@ def _ms_label(value: float) -> str:
     return f"{value:,.0f}" if value >= 10 or value == 0 else f"{value:.1f}"
 
 
-def _style(kind: str, rank_index: int) -> dict[str, str]:
-    if kind == "slowest":
-        return {"color": SLOWEST_COLOR, "width": "2.5", "dash": "", "fill": SLOWEST_COLOR}
+DASH = 6  # a rank's dash; with n ranks each leaves (n - 1) dashes of gap for the others
+
+
+def _style(kind: str, rank_index: int, ranks: int) -> dict[str, str]:
+    """How a series is drawn (``ranks``: how many rank lines the panel has). The slowest rank is a wide pale
+    band under the ranks: it runs along one of them at every step, so drawn on top (as before) it hid that
+    rank. Ranks of equal times (CFG ranks wait for each other) lie on one line: rank i's dashes fill the
+    gaps of the others (offset i dashes), so every rank's colour shows along it, where rank 1's line used
+    to hide rank 0's."""
+    if kind == "slowest":  # with one rank (no rank lines) it is that rank's line
+        return {"color": SLOWEST_COLOR, "width": "7" if ranks else "2.5", "opacity": ".35" if ranks else "1",
+                "dash": "", "offset": "0", "fill": SLOWEST_COLOR}
     if kind == "excluded":
-        return {"color": EXCLUDED_COLOR, "width": "0", "dash": "", "fill": "none"}
+        return {"color": EXCLUDED_COLOR, "width": "0", "opacity": "1", "dash": "", "offset": "0", "fill": "none"}
     color = RANK_COLORS[rank_index % len(RANK_COLORS)]
-    return {"color": color, "width": "1.25", "dash": "5 3", "fill": color}
+    return {"color": color, "width": "2", "opacity": "1", "dash": f"{DASH} {DASH * (ranks - 1)}",
+            "offset": str(-DASH * rank_index), "fill": color}
 
 
-# Per-rank lines first (underneath), then the slowest rank, then the excluded steps on top.
-_DRAW_ORDER = {"rank": 0, "slowest": 1, "excluded": 2}
+# The slowest rank's band first (underneath), then the ranks, then the excluded steps on top.
+_DRAW_ORDER = {"slowest": 0, "rank": 1, "excluded": 2}
 
 
 def _panel(stage: str, frame: pd.DataFrame) -> str:
@@ -96,26 +108,27 @@ def _panel(stage: str, frame: pd.DataFrame) -> str:
     kinds = dict(zip(frame.series, frame.kind))
     ranks = [name for name, kind in kinds.items() if kind == "rank"]
     for name in sorted(kinds, key=lambda n: (_DRAW_ORDER[kinds[n]], n)):
-        style = _style(kinds[name], ranks.index(name) if name in ranks else 0)
+        style = _style(kinds[name], ranks.index(name) if name in ranks else 0, len(ranks))
         points = frame[frame.series == name].sort_values("step")
         label = html.escape(name)
+        stroke = (f'stroke="{style["color"]}" stroke-width="{style["width"]}" stroke-opacity="{style["opacity"]}" '
+                  f'stroke-dasharray="{style["dash"]}" stroke-dashoffset="{style["offset"]}"')
         if style["width"] != "0" and len(points) > 1:
             coords = " ".join(f"{x(s):.1f},{y(m):.1f}" for s, m in zip(points.step, points.ms))
-            parts.append(f'<polyline points="{coords}" fill="none" stroke="{style["color"]}" '
-                         f'stroke-width="{style["width"]}" stroke-dasharray="{style["dash"]}"><title>{label}</title>'
-                         f'</polyline>')
+            parts.append(f'<polyline points="{coords}" fill="none" {stroke}><title>{label}</title></polyline>')
         radius = 3.5 if last < 40 else 2.2
         for step, ms in zip(points.step, points.ms):
             over = ms > y_top and int(step) not in labelled
-            parts.append(f'<circle cx="{x(step):.1f}" cy="{y(ms):.1f}" r="{radius}" fill="{style["fill"]}" '
+            # A rank's steps 0-1 are hollow too: filled under the excluded ring, they showed it filled.
+            fill = "none" if int(step) in EXCLUDED_STEPS else style["fill"]
+            parts.append(f'<circle cx="{x(step):.1f}" cy="{y(ms):.1f}" r="{radius}" fill="{fill}" '
                          f'stroke="{style["color"]}" stroke-width="1.5"><title>{label}, step {int(step)}: '
                          f'{ms:,.1f} ms</title></circle>')
             if over:
                 labelled.add(int(step))
                 parts.append(f'<text x="{x(step):.1f}" y="{TOP - 8}" text-anchor="middle" class="m2s-plot-over">'
                              f'▲ {ms:,.0f} ms</text>')
-        swatch = (f'<svg width="28" height="10" aria-hidden="true"><line x1="0" x2="28" y1="5" y2="5" '
-                  f'stroke="{style["color"]}" stroke-width="{style["width"]}" stroke-dasharray="{style["dash"]}"/>'
+        swatch = (f'<svg width="28" height="10" aria-hidden="true"><line x1="0" x2="28" y1="5" y2="5" {stroke}/>'
                   f'<circle cx="14" cy="5" r="3.5" fill="{style["fill"]}" stroke="{style["color"]}" '
                   f'stroke-width="1.5"/></svg>')
         legend.append(f"<li>{swatch}<span>{label}</span></li>")

@@ -323,15 +323,23 @@ def _sbom_file(site: Path, reports: Path, tmp_path: Path) -> Path:
     return sbom_path
 
 
-def test_an_edited_pyc_that_keeps_its_source_hash_runs_changed_code_and_is_drift(installed, tmp_path):
+@pytest.mark.parametrize("spread", [False, True], ids=["in-process", "worker-processes"])
+def test_an_edited_pyc_that_keeps_its_source_hash_runs_changed_code_and_is_drift(installed, tmp_path, monkeypatch,
+                                                                                 spread):
     """The image compiles checked-hash .pyc after install (no RECORD lists them) and import checks only the source
-    hash in the header: byte code edited under the same header ran other code with 'drift: none'."""
+    hash in the header: byte code edited under the same header ran other code with 'drift: none'. A first check
+    of a whole image spreads its compiles over worker processes; both ways name the same."""
     import compileall
     import importlib.util
     import marshal
     import py_compile
     import shutil
 
+    if spread:
+        monkeypatch.setattr(drift, "_SPREAD_FROM", 1)
+        monkeypatch.setattr(drift.os, "cpu_count", lambda: 3)
+        workers = []
+        monkeypatch.setattr(drift, "_bytecode_verdict", lambda *item: workers.append(item) or (False, None))
     site, reports, _ = installed
     sbom_path = _sbom_file(site, reports, tmp_path)
     source = site / "yaml" / "__init__.py"
@@ -340,6 +348,8 @@ def test_an_edited_pyc_that_keeps_its_source_hash_runs_changed_code_and_is_drift
         assert compileall.compile_dir(str(site), quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
         built = drift.check(sbom_path, lock_path=None, path=[str(site)], debian=False)
         assert built.ok and built.bytecode_checked > 20, built.differences  # the build's own byte code passes
+        if spread:
+            assert workers == [], workers  # every verdict came from the workers, none from this process
         header = pyc.read_bytes()[:16]
         evil = compile(source.read_text().replace("__version__ = '6.0.3'", "__version__ = 'changed'"), str(source),
                        "exec", dont_inherit=True)
@@ -376,3 +386,25 @@ def test_gradios_hash_seed_written_at_run_time_is_not_drift_and_other_files_are(
         for path in (seed, other):
             path.unlink(missing_ok=True)
         seed.parent.rmdir()
+
+
+def test_a_worker_that_fails_leaves_its_share_to_the_caller(installed, monkeypatch, tmp_path):
+    """A worker process that cannot start its check (here: an interpreter that exits at once) must not fail or
+    shorten the verdict: its share is checked in the calling process."""
+    import compileall
+    import py_compile
+    import shutil
+
+    site, _, _ = installed
+    monkeypatch.setattr(drift, "_SPREAD_FROM", 1)
+    monkeypatch.setattr(drift.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(drift.sys, "executable", "/bin/false")
+    try:
+        assert compileall.compile_dir(str(site), quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+        expected = len(list(site.rglob("*.pyc")))
+        drift._BYTECODE.clear()
+        checked, found = drift.bytecode_differences([str(site)])
+        assert (checked, found) == (expected, [])
+    finally:
+        for cache in list(site.rglob("__pycache__")):
+            shutil.rmtree(cache)

@@ -40,6 +40,22 @@ def test_plugin_preview_off_without_a_map(tmp_path):
     assert on.every == 10 and on.folder == preview_folder(tmp_path)
 
 
+def test_the_requests_rate_in_the_metrics_folder_wins_over_the_env(tmp_path):
+    """Workers start once per start options; the engine writes each request's rate (or 0: off) for rank 0."""
+
+    from magi2studio.engines.metrics_folder import write_preview_request
+
+    env = {"MAGI2STUDIO_PREVIEW_MAP": str(MAP_FILE), "MAGI2STUDIO_PREVIEW_EVERY": "10"}
+    (preview_folder(tmp_path) / "old").mkdir(parents=True)
+    write_preview_request(tmp_path, 3)
+    assert plugin.live_preview_from_env(tmp_path, env).every == 3
+    assert not preview_folder(tmp_path).exists()  # the previous request's pictures are gone
+    write_preview_request(tmp_path, 0)
+    assert plugin.live_preview_from_env(tmp_path, env) is None
+    write_preview_request(tmp_path, 4)
+    assert plugin.live_preview_from_env(tmp_path, {}) is None  # no map fitted: off whatever the rate
+
+
 class CountingEvent:
     """A device copy's event: not done for ``busy`` polls; counts queries and waits."""
 

@@ -92,6 +92,37 @@ def test_layouts_the_engine_refuses_are_marked_with_the_reason_and_the_fields_fo
     assert "✗" not in verdict.inner_text(), "an old verdict stayed under the new one"
 
 
+def test_the_ep_placeholder_fits_its_field(page):
+    """The audit: the EP field's placeholder was clipped on first load."""
+    needs, room = page.evaluate("""() => {
+      const box = document.querySelector('#layout-ep textarea, #layout-ep input'), style = getComputedStyle(box);
+      const text = document.createElement('canvas').getContext('2d');
+      text.font = getComputedStyle(box, '::placeholder').font || `${style.fontSize} ${style.fontFamily}`;
+      return [text.measureText(box.placeholder).width,
+              box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)];
+    }""")
+    assert 0 < needs <= room, f"the placeholder needs {needs:.0f} px, the field has {room:.0f}"
+
+
+def test_after_a_layout_is_chosen_with_the_keyboard_the_focus_stays_on_the_layout(page):
+    """The audit: choosing a layout with the keyboard left the focus on the page body, so Tab started again
+    from the top of the page."""
+    dropdown = page.locator("#layout-preset input")
+    dropdown.focus()
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(500)  # the choice's events, and Gradio's blur
+    assert page.evaluate("() => document.activeElement.closest('#layout-preset') !== null"), page.evaluate(
+        "() => document.activeElement.tagName")
+    page.keyboard.press("Escape")
+    page.keyboard.press("Tab")
+    after = page.evaluate("() => document.activeElement")
+    assert after is not None and page.evaluate(
+        "() => document.activeElement !== document.body && Boolean(document.querySelector('#layout-preset')"
+        ".compareDocumentPosition(document.activeElement) & Node.DOCUMENT_POSITION_FOLLOWING)"), \
+        "Tab after the layout did not go on to the next field"
+
+
 def test_a_refusal_is_shown_once_next_to_its_field_and_goes_when_the_field_changes(page):
     page.locator("#prompt textarea").fill("A red kite over a grey sea.")
     steps_box(page).fill("abc")
@@ -156,3 +187,10 @@ def test_seed_minus_one_runs_with_a_drawn_seed_the_plot_names_its_series_and_his
     page.locator("#history-count").get_by_text("0 of").wait_for(timeout=30_000)
     if studio.outputs is not None:
         assert not (studio.outputs / name).exists()
+    # The audit: delete had no undo.
+    page.locator("#history-undo-row").get_by_text(f"Deleted {name}").wait_for(timeout=10_000)
+    page.locator("#history-undo").click()
+    page.locator("#history-count").get_by_text("1 of").wait_for(timeout=30_000)
+    page.locator("#history-undo-row").wait_for(state="hidden", timeout=10_000)
+    if studio.outputs is not None:
+        assert (studio.outputs / name / "manifest.json").is_file()

@@ -45,6 +45,7 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
     assert "seed **2026**" not in page.locator("#run-headline").inner_text()  # rendered, not raw markdown
     assert "2026" in page.locator("#run-headline").inner_text()
     page.locator("#timing-summary").get_by_text("gate metric").filter(visible=True).first.wait_for(timeout=30_000)
+    page.locator("#timing-summary").get_by_text("engine start").filter(visible=True).first.wait_for(timeout=10_000)
     video.evaluate("v => v.pause()")
     page.screenshot(path=str(IMAGES / "studio-results.png"), full_page=True)
 

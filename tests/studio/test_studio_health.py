@@ -26,6 +26,17 @@ ALL_READY = {"ready": True, "reason": None,
              "tiers": {name: {"ready": True, "reason": None} for name in ("272p", "540p", "1080p")}}
 
 
+def ready_on_the_installed_vllm_omni() -> dict:
+    """A whole tree's readiness on the installed vLLM-Omni: its pipeline may not produce every tier (0.30.0 has no
+    refiner, so no 1080p), which readiness says as ``capabilities`` does."""
+    from magi2studio.engines.vllm_omni.capabilities import detect, tier_refusal
+    from magi2studio.vocabulary.tiers import TIERS
+
+    tiers = {name: {"ready": (why := tier_refusal(detect(), tier)) is None, "reason": why} for name, tier in
+             TIERS.items()}
+    return {**ALL_READY, "tiers": tiers}
+
+
 @pytest.fixture
 def weights_studio(tmp_path, monkeypatch):
     from magi2studio.engines.vllm_omni import engine as vllm_engine
@@ -54,7 +65,7 @@ def test_readiness_turns_false_while_the_weights_are_missing_and_liveness_stays(
     url, tree, ctx = weights_studio
     # No login for the probes, though the studio asks for one.
     assert _get(url + "/health/live") == (200, {"live": True})
-    assert _get(url + "/health/ready") == (200, ALL_READY)
+    assert _get(url + "/health/ready") == (200, ready_on_the_installed_vllm_omni())
 
     vae = tree / "vae" / "Wan2.2_VAE.pth"
     shutil.move(vae, tree / "moved-away.pth")
@@ -63,10 +74,11 @@ def test_readiness_turns_false_while_the_weights_are_missing_and_liveness_stays(
     assert "vae/Wan2.2_VAE.pth missing" in body["reason"], body
     assert _get(url + "/health/live") == (200, {"live": True})
 
-    assert all(not tier["ready"] and "vae/Wan2.2_VAE.pth missing" in tier["reason"] for tier in body["tiers"].values())
+    assert all(not body["tiers"][name]["ready"] and "vae/Wan2.2_VAE.pth missing" in body["tiers"][name]["reason"]
+               for name in ("272p", "540p"))
 
     shutil.move(tree / "moved-away.pth", vae)
-    assert _get(url + "/health/ready") == (200, ALL_READY)
+    assert _get(url + "/health/ready") == (200, ready_on_the_installed_vllm_omni())
 
     ctx.slot.close()
     status, body = _get(url + "/health/ready")
@@ -191,6 +203,9 @@ def test_readiness_names_each_tier_and_a_tree_without_the_refiner_is_ready_for_2
     engine = vllm_engine.VllmOmniEngine(checkpoint_root=str(tree), work_dir=str(tmp_path / "work"))
     ctx = SimpleNamespace(slot=SimpleNamespace(closed=False, serving=True), engine=engine)
     with TestClient(Starlette(routes=health.routes(ctx))) as client:
+        assert client.get(health.READY).json() == ready_on_the_installed_vllm_omni()
+        # As on a vLLM-Omni whose pipeline has the refiner (0.30.0's has none): the weights decide 1080p.
+        monkeypatch.setattr(vllm_engine, "tier_refusal", lambda caps, tier: None)
         assert (lambda r: (r.status_code, r.json()))(client.get(health.READY)) == (200, ALL_READY)
         shutil.rmtree(tree / "refiner")
         response = client.get(health.READY)

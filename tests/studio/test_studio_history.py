@@ -86,7 +86,24 @@ def test_search_matches_every_word_in_prompt_seed_tier_layout_and_date(outputs, 
 def test_delete_removes_a_run_folder_and_nothing_else(outputs):
     assert H.delete_run(outputs, outputs / "run-old") == "run-old"
     assert not (outputs / "run-old").exists()
+    assert "run-old" not in [e.name for e in H.list_entries(outputs)]
+    H.forget_deleted(outputs)  # the next delete or the studio's exit
     assert sorted(p.name for p in outputs.iterdir()) == [".run-hidden.tmp", "not-a-run", "run-new", "run-twin"]
+
+
+def test_the_last_delete_can_be_undone_until_the_next(outputs):
+    """The audit: delete had no undo."""
+    files = sorted(p.relative_to(outputs) for p in (outputs / "run-old").rglob("*"))
+    H.delete_run(outputs, outputs / "run-old")
+    assert H.undo_delete(outputs, "run-old") == "run-old"
+    assert sorted(p.relative_to(outputs) for p in (outputs / "run-old").rglob("*")) == files
+    assert "run-old" in [e.name for e in H.list_entries(outputs)] and not (outputs / H.DELETED).exists()
+    H.delete_run(outputs, outputs / "run-old")
+    H.delete_run(outputs, outputs / "run-new")
+    with pytest.raises(InputError, match=r"^run: run-old is no longer kept to be restored .*Fix: press Refresh"):
+        H.undo_delete(outputs, "run-old")
+    assert not (outputs / "run-old").exists()
+    assert H.undo_delete(outputs, "run-new") == "run-new" and (outputs / "run-new").is_dir()
 
 
 @pytest.mark.parametrize("target", ["not-a-run", ".run-hidden.tmp", "..", "../outputs/run-new/../../elsewhere",

@@ -41,3 +41,14 @@ def test_long_times_read_in_seconds_and_minutes_not_raw_ms():
     assert rows["preview total"] == "8.8 min (525 s)"
     assert rows["stage decode_video"] == "4.2 s"
     assert rows["preview median / min / max"].endswith(" ms")  # a step stays in ms
+
+
+def test_the_summary_says_the_engine_start_the_run_waited_for():
+    """The audit: the timing summary left out the engine start (41 s of a first result's wait)."""
+    def engine_start(manifest: dict) -> str:
+        table = summary_frame({"timing": {"stages": {}, "stage_ms": {}}, **manifest})
+        return dict(zip(table.what, table.value))["engine start"]
+
+    assert engine_start({"studio": {"ticket": 1, "engine_start_s": 38.25}}) == "38.2 s"
+    assert engine_start({"studio": {"ticket": 2}}) == "none: the engine was already running this layout"
+    assert engine_start({}).startswith("not recorded")

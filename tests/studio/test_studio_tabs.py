@@ -36,7 +36,9 @@ def _descendants(block):
 
 
 def test_generate_ab_and_reproduce_share_one_layout_control(tmp_path):
-    """Issue 29 (j): A/B and Reproduce took the layout as free text (default sp1-cfg1) beside Generate's dropdown."""
+    """Issue 29 (j): A/B and Reproduce took the layout as free text (default sp1-cfg1) beside Generate's dropdown.
+    Generate and Reproduce have one Layout control; A/B one per side (the audit's A/B item), the candidate's
+    offering "same as the control" first and starting there."""
     engine = get_engine("embedded")
     try:
         demo, ctx = create_app(engine, tmp_path / "outputs")
@@ -44,16 +46,22 @@ def test_generate_ab_and_reproduce_share_one_layout_control(tmp_path):
             controls = {}
             for tab in ctx.tabs.children:
                 layouts = [c for c in _descendants(tab) if getattr(c, "label", None) == "Layout"]
-                if tab.id in ("generate", "ab", "reproduce"):
+                if tab.id in ("generate", "reproduce"):
                     assert len(layouts) == 1, (tab.id, [type(c).__name__ for c in layouts])
                     controls[tab.id] = layouts[0]
+                elif tab.id == "ab":
+                    assert [c.elem_id for c in layouts] == ["ab-control-layout-preset", "ab-candidate-layout-preset"]
+                    controls["ab"], controls["ab-candidate"] = layouts
             kinds = {tab: type(control).__name__ for tab, control in controls.items()}
-            assert kinds == {"generate": "Dropdown", "ab": "Dropdown", "reproduce": "Dropdown"}, kinds
+            assert set(kinds.values()) == {"Dropdown"} and len(kinds) == 4, kinds
             generate = controls["generate"]
             for tab in ("ab", "reproduce"):
                 assert controls[tab].choices == generate.choices, tab
                 assert controls[tab].value == generate.value, (tab, controls[tab].value, generate.value)
-                assert controls[tab].elem_id == f"{tab}-layout-preset"
+            assert controls["reproduce"].elem_id == "reproduce-layout-preset"
+            candidate = controls["ab-candidate"]
+            assert candidate.choices == [("same as the control", "same"), *generate.choices]
+            assert candidate.value == "same"
         finally:
             ctx.slot.close()
             demo.close()

@@ -21,7 +21,7 @@ from ...vocabulary.layouts import Layout, check_shape
 from ...vocabulary.request import Request, output_size
 from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ..base import Capabilities, Engine, Generation, Plan, Progress, ProgressCallback, step_timeout_s
-from ..live_preview import decoder_digest, default_every, map_for_decoder, read_latest
+from ..live_preview import NewestPreview, decoder_digest, default_every, map_for_decoder, preview_note
 from .components import STAND_INS
 from .rank import Job, StageStarted, StepFinished
 from .pool import RankPool
@@ -191,7 +191,7 @@ class EmbeddedEngine(Engine):
             self._preview_map = (map_for_decoder(decoder_digest(self.checkpoint() / "turbo_vae")),)
         preview_map = self._preview_map[0]
         preview_dir = tempfile.mkdtemp(prefix="magi2studio-preview-")
-        shown: set[str | None] = set()  # pictures already named: a progress event names a new one once
+        newest = NewestPreview(preview_dir)
 
         def on_event(event: StageStarted | StepFinished) -> None:
             if on_progress is None:
@@ -200,9 +200,7 @@ class EmbeddedEngine(Engine):
             if isinstance(event, StageStarted):
                 on_progress(Progress(event.name, elapsed_s=elapsed))
             else:
-                latest = read_latest(preview_dir) if event.rank == 0 else None
-                fresh = latest["path"] if latest and latest["path"] not in shown else None
-                shown.add(fresh)
+                fresh = newest.take() if event.rank == 0 else None
                 on_progress(Progress(event.stage, event.index, event.total, elapsed, preview=fresh))
 
         with self._lock:
@@ -218,8 +216,7 @@ class EmbeddedEngine(Engine):
             finally:
                 shutil.rmtree(preview_dir, ignore_errors=True)
         resolved = _as_run(plan, result.negative_prompt_source)
-        resolved["live_preview"] = ({"every": job.preview_every, "map": preview_map.stem} if job.preview_every
-                                    else "off" if preview_map else "off: no preview map fitted to this decoder")
+        resolved["live_preview"] = preview_note(job.preview_every, preview_map)
         return Generation(
             frames=result.frames,
             audio=result.audio,

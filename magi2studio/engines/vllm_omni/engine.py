@@ -4,6 +4,12 @@ One child process (:mod:`.process`) owns one ``Omni`` for one set of start optio
 VAE patch parallelism, compile flags, deterministic mode); a new layout stops it, and a
 request needing other options restarts it. The weights check runs before any start. The per-rank step records come from
 the worker plugin through a metrics folder the child passes to its workers by env.
+
+Live preview: the map fitted to the checkpoint's TurboVAE decoder (found by its digest, as the
+embedded engine finds it) goes to the workers by env when the child starts; the request's rate
+goes into the metrics folder before each request (``write_preview_request``), which rank 0 reads
+at the sample's start, so a new rate or "off" never restarts the child. Each progress event
+carries the newest picture of ``<metrics>/preview/`` that no earlier event named.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from ... import determinism
 from .. import test_checkpoint
 from ...errors import InputError
 from ...vocabulary.layouts import Layout, rules_for_real_model
-from ..metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR
+from ..live_preview import NewestPreview, decoder_digest, default_every, map_for_decoder, preview_note
+from ..metrics_folder import ENV_CANCEL_FILE, ENV_METRICS_DIR, ENV_PREVIEW_MAP, preview_folder, write_preview_request
 from ...platform import current_platform
 from ...vocabulary.request import Request
 from ...vocabulary.tiers import TIERS, Tier
@@ -74,6 +81,8 @@ class VllmOmniEngine(Engine):
         self._layout: Layout | None = None
         self._options: params.StartOptions | None = None
         self._cancel_file: Path | None = None
+        self._metrics_dir: Path | None = None
+        self._preview_map: tuple[Path | None] | None = None  # the decoder's files do not change while the engine lives
         self._fresh_load = False
 
     # What the installed stack can do ---------------------------------------------------
@@ -132,12 +141,18 @@ class VllmOmniEngine(Engine):
         return None if None in reasons.values() else next(iter(reasons.values()))
 
     def tiers_not_ready(self) -> dict[str, str | None]:
-        """Per tier, its weights checked as a job of it checks them (files present, headers whole; 1080p also the
-        refiner), and a GPU visible. A tree without ``refiner/`` runs 272p and 540p, not 1080p."""
+        """Per tier: the installed pipeline produces it (as ``capabilities`` says), its weights checked as a job of
+        it checks them (files present, headers whole; 1080p also the refiner), and a GPU visible. A tree without
+        ``refiner/`` runs 272p and 540p, not 1080p."""
+        caps = detect()  # cached: the studio's page asked for the capabilities before any probe
         checked: dict[bool, WeightsReport | str] = {}  # the one-stage tiers need the same files: checked once
         gpu = None if device_names() else "no CUDA/MUSA GPU is visible here (vLLM-Omni's MAGI-2 pipeline requires GPUs)"
         reasons: dict[str, str | None] = {}
         for name, tier in TIERS.items():
+            refusal = tier_refusal(caps, tier)
+            if refusal is not None:
+                reasons[name] = refusal
+                continue
             if tier.refined not in checked:
                 try:
                     checked[tier.refined] = check_weights(self.checkpoint_root, name)
@@ -160,6 +175,13 @@ class VllmOmniEngine(Engine):
                 f"{path} {problem}" for path, problem in report.problems),
                 "download the missing files (magi2studio weights check lists them), or point MAGI2_CKPT_ROOT elsewhere")
 
+    def preview_map(self) -> Path | None:
+        """The committed preview map fitted to this checkpoint's TurboVAE decoder, or None."""
+
+        if self._preview_map is None:
+            self._preview_map = (map_for_decoder(decoder_digest(Path(self.checkpoint_root) / "turbo_vae")),)
+        return self._preview_map[0]
+
     def _ensure(self, options: params.StartOptions, tier_name: str) -> bool:
         """Have a live child for exactly these start options; (re)start it if needed."""
 
@@ -173,11 +195,14 @@ class VllmOmniEngine(Engine):
         env = {**determinism.deterministic_env(str(metrics_dir.parent / "inductor-cache")),
                ENV_METRICS_DIR: str(metrics_dir), ENV_CANCEL_FILE: str(cancel_file),
                **test_checkpoint.worker_env(self.checkpoint_root)}
+        if self.preview_map() is not None:
+            env[ENV_PREVIEW_MAP] = str(self.preview_map())
         process = EngineProcess(WORKER_TARGET, {"options": options, "checkpoint_root": self.checkpoint_root,
                                                 "metrics_dir": str(metrics_dir), "cancel_file": str(cancel_file)},
                                 metrics_dir.parent / "engine.log", env)
         process.start(self.start_timeout_s)
         self._process, self._options, self._cancel_file = process, options, cancel_file
+        self._metrics_dir = metrics_dir
         self._fresh_load = True
         return True
 
@@ -187,7 +212,9 @@ class VllmOmniEngine(Engine):
     def resolve(self, request: Request, tier: Tier, layout: Layout) -> dict[str, Any]:
         caps = detect()
         options = params.start_options(request, layout, tier, current_platform.name)
-        return {"steps": request.steps or caps.default_steps, "compile": options.compile,
+        steps = request.steps or caps.default_steps
+        return {"steps": steps, "compile": options.compile,
+                "preview_every": default_every(steps) if request.preview_every is None else request.preview_every,
                 "video_cfg": caps.fixed_video_guidance, "audio_cfg": caps.fixed_audio_guidance,
                 "negative_prompt_env": os.environ.get(caps.negative_prompt_env),
                 "vae_patch_parallel_size": options.vae_patch_parallel_size}
@@ -204,12 +231,15 @@ class VllmOmniEngine(Engine):
             on_progress(Progress("load", message=f"vLLM-Omni for {layout.name}"))
         self._ensure(options, tier.name)
         self._cancel_file.unlink(missing_ok=True)
+        every = plan.resolved["preview_every"] if self.preview_map() is not None else 0
+        write_preview_request(self._metrics_dir, every)
+        newest = NewestPreview(preview_folder(self._metrics_dir))
         stop_watch = threading.Event()
         watcher = threading.Thread(target=self._watch_cancel, args=(cancel, stop_watch), daemon=True)
         watcher.start()
         try:
             result = self._process.call(request.model_dump(mode="json"), self.request_timeout_s,
-                                        lambda event: self._progress(event, on_progress),
+                                        lambda event: self._progress(event, on_progress, newest),
                                         idle_timeout_s=step_timeout_s())
         finally:
             stop_watch.set()
@@ -221,7 +251,7 @@ class VllmOmniEngine(Engine):
         return Generation(
             frames=result["frames"], audio=result["audio"], fps=result["fps"], sample_rate=result["sample_rate"],
             step_records=result["step_records"], stage_ms=stage_ms,
-            resolved=dict(plan.resolved),
+            resolved={**plan.resolved, "live_preview": preview_note(every, self.preview_map())},
             engine_info={"name": self.name, "embedded": False, "vllm_omni": caps.vllm_omni_version,
                          "start_options": options.as_dict(), "kernels": self._process.info.get("kernels"),
                          "checkpoint_root": self.checkpoint_root, "metrics_dir": self._process.info["metrics_dir"],
@@ -238,15 +268,15 @@ class VllmOmniEngine(Engine):
                 return
 
     @staticmethod
-    def _progress(event: dict[str, Any], on_progress: ProgressCallback | None) -> None:
+    def _progress(event: dict[str, Any], on_progress: ProgressCallback | None, newest: NewestPreview) -> None:
         if on_progress is not None and "progress" in event:
             step = event["progress"]
-            on_progress(Progress(step["stage"], step=step["step"], total=step["total"]))
+            on_progress(Progress(step["stage"], step=step["step"], total=step["total"], preview=newest.take()))
 
     def _stop_child(self) -> None:
         if self._process is not None:
             self._process.stop()
-        self._process, self._options = None, None
+        self._process, self._options, self._metrics_dir = None, None, None
 
     def close(self) -> None:
         self._stop_child()

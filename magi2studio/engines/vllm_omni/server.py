@@ -4,6 +4,11 @@ The engine part: the server's layout, compile mode and deterministic flag are fi
 launch and it does not report them, so they are declared (``server_layout``) or assumed from
 the first start, and every change is refused with the command line that would start a matching
 server. The HTTP calls, the form and the serve command are in :mod:`.server_client`.
+
+With a shared metrics folder (``--server-metrics-dir``) the per-step progress, timings and live
+preview come from the server's workers through it: before each job the request's preview rate is
+written there (``write_preview_request``), and the serve command gives the workers the map fitted
+to the model's TurboVAE decoder.
 """
 
 from __future__ import annotations
@@ -17,7 +22,15 @@ from typing import Any
 from ...errors import EngineError, InputError
 from ...vocabulary.layouts import Layout, parse_layout, rules_for_real_model
 from ...media import decode_mp4
-from ..metrics_folder import PROGRESS_FILE, ProgressFollower, records_since, step_offsets
+from ..live_preview import NewestPreview, decoder_digest, default_every, map_for_decoder, preview_note, read_latest
+from ..metrics_folder import (
+    PROGRESS_FILE,
+    ProgressFollower,
+    preview_folder,
+    records_since,
+    step_offsets,
+    write_preview_request,
+)
 from ...vocabulary.request import Request
 from ...vocabulary.tiers import AUDIO_SAMPLE_RATE, TIERS, Tier
 from ...weights import resolve_root
@@ -39,6 +52,9 @@ ENV_SERVER_LAYOUT = "MAGI2STUDIO_SERVER_LAYOUT"
 ENV_SERVER_METRICS_DIR = "MAGI2STUDIO_SERVER_METRICS_DIR"
 NO_STEPS_NOTE = ("no per-step timings: the server's worker plugin writes steps-rank*.jsonl into its own "
                  "MAGI2STUDIO_METRICS_DIR; share that folder and pass it as --server-metrics-dir to get them")
+NO_PREVIEW_FOLDER = "off: no shared metrics folder (--server-metrics-dir), so no preview reaches this client"
+NO_PREVIEW_WRITTEN = ("off: the server's workers wrote no preview; start the server with the serve command's "
+                      "MAGI2STUDIO_PREVIEW_MAP")
 LAYOUT_UNCHECKABLE = ("vLLM-Omni's server does not report its parallel layout over HTTP (GET /v1/models lists "
                       "model ids only; GET /health a status), so the layout cannot be checked against the server")
 
@@ -71,14 +87,24 @@ class VllmOmniServerEngine(Engine):
         self.model_path = str(resolve_root(checkpoint_root))
         self._layout: Layout | None = None
         self._server_models: list[str] = []
+        self._preview_map: tuple[Path | None] | None = None
         self.http = ServerClient(self.server_url, command_hint=self._command_hint, request_timeout_s=request_timeout_s,
                                  http_timeout_s=http_timeout_s, poll_interval_s=poll_interval_s)
 
     def _command_hint(self, layout: Layout | None = None) -> str:
         layout = layout or self._layout or self.server_layout or Layout(4, 2)
+        preview_map = self.preview_map() if self.metrics_dir else None
         return serve_command(layout, TIERS["272p"], model=self.model_path, port=self.port,
                              compile_mode=self.server_compile,
-                             metrics_dir=str(self.metrics_dir) if self.metrics_dir else None)
+                             metrics_dir=str(self.metrics_dir) if self.metrics_dir else None,
+                             preview_map=str(preview_map) if preview_map else None)
+
+    def preview_map(self) -> Path | None:
+        """The committed preview map fitted to the model tree's TurboVAE decoder (read here), or None."""
+
+        if self._preview_map is None:
+            self._preview_map = (map_for_decoder(decoder_digest(Path(self.model_path) / "turbo_vae")),)
+        return self._preview_map[0]
 
     # What can run ------------------------------------------------------------------------------
     def probe(self, timeout_s: float | None = None) -> list[str]:
@@ -156,6 +182,7 @@ class VllmOmniServerEngine(Engine):
             raise InputError("steps", f"vLLM-Omni's /v1/videos accepts at most {MAX_SERVER_STEPS} steps",
                              f"use {MAX_SERVER_STEPS} steps or fewer, or the vllm-omni engine")
         return {"steps": int(steps), "compile": self.server_compile,
+                "preview_every": default_every(int(steps)) if request.preview_every is None else request.preview_every,
                 "video_cfg": caps.fixed_video_guidance, "audio_cfg": caps.fixed_audio_guidance,
                 "negative_prompt_env": "(the server's environment)",
                 "vae_patch_parallel_size": layout.vae_patch_parallel(tier)}
@@ -168,10 +195,15 @@ class VllmOmniServerEngine(Engine):
                              "call start(layout) first (magi2studio.run_folder.runs.execute does)")
         fields, files = form_fields(plan.request, plan.tier)
         offsets = step_offsets(self.metrics_dir) if self.metrics_dir else {}
+        every = plan.resolved["preview_every"] if self.metrics_dir and self.preview_map() is not None else 0
+        if self.metrics_dir is not None:
+            write_preview_request(self.metrics_dir, every)
         follower = None
         if self.metrics_dir is not None and on_progress is not None:
+            newest = NewestPreview(preview_folder(self.metrics_dir))
             follower = ProgressFollower(self.metrics_dir / PROGRESS_FILE, lambda event: on_progress(Progress(
-                event["progress"]["stage"], step=event["progress"]["step"], total=event["progress"]["total"])))
+                event["progress"]["stage"], step=event["progress"]["step"], total=event["progress"]["total"],
+                preview=newest.take())))
             follower.start()
         began = time.perf_counter()
         try:
@@ -192,7 +224,7 @@ class VllmOmniServerEngine(Engine):
         step_records = records_since(self.metrics_dir, offsets) if self.metrics_dir else []
         return Generation(
             frames=frames, audio=audio, fps=fps, sample_rate=sample_rate, step_records=step_records, stage_ms=stage_ms,
-            resolved=dict(plan.resolved),
+            resolved={**plan.resolved, "live_preview": self._preview_note(every)},
             engine_info={
                 "name": self.name, "embedded": False, "server_url": self.server_url,
                 "server_models": self._server_models, "model": job.get("model"), "job_id": job.get("id"),
@@ -209,6 +241,16 @@ class VllmOmniServerEngine(Engine):
                 "decoded_from": "the server's mp4 (H.264 + AAC: lossy, so hashes are of the decoded clip)",
             },
         )
+
+    def _preview_note(self, every: int) -> dict[str, Any] | str:
+        """What the job's preview was; the server's env cannot be read, so a rate asked for and no
+        picture written says the workers lack the map."""
+
+        if self.metrics_dir is None:
+            return NO_PREVIEW_FOLDER
+        if every and read_latest(preview_folder(self.metrics_dir)) is None:
+            return NO_PREVIEW_WRITTEN
+        return preview_note(every, self.preview_map())
 
     def close(self) -> None:
         self.http.close()

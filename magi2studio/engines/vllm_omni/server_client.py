@@ -24,7 +24,7 @@ from ...vocabulary.request import Request
 from ...vocabulary.tiers import Tier
 from .. import test_checkpoint
 from ..base import Progress, ProgressCallback
-from ..metrics_folder import ENV_METRICS_DIR
+from ..metrics_folder import ENV_METRICS_DIR, ENV_PREVIEW_MAP
 from . import params
 from .capabilities import detect
 
@@ -37,12 +37,14 @@ QUEUED, IN_PROGRESS, COMPLETED, FAILED = "queued", "in_progress", "completed", "
 
 
 def serve_command(layout: Layout, tier: Tier, *, model: str, port: int, compile_mode: str = params.DEFAULT_COMPILE,
-                  deterministic: bool = True, metrics_dir: str | None = None) -> str:
+                  deterministic: bool = True, metrics_dir: str | None = None, preview_map: str | None = None) -> str:
     """The ``vllm-omni serve`` command line that starts a server matching these start options.
 
     Its env is the offline engine's child env: the deterministic variables when ``deterministic``,
     the test checkpoint's depth switch when ``model`` is a marked test tree (the server's workers
-    otherwise build upstream's 40 layers and its strict loader refuses the tree), the metrics folder.
+    otherwise build upstream's 40 layers and its strict loader refuses the tree), the metrics folder,
+    and with it the live preview's map (``preview_map``, fitted to the model's decoder): rank 0 then
+    writes each job's preview into that folder at the rate the client leaves there.
     """
 
     enforce_eager, compile_dynamic = params.COMPILE_FLAGS[compile_mode]
@@ -57,7 +59,8 @@ def serve_command(layout: Layout, tier: Tier, *, model: str, port: int, compile_
     elif not compile_dynamic:
         argv.append("--no-diffusion-compile-dynamic")
     env = {**(determinism.DETERMINISTIC_ENV if deterministic else {}), **test_checkpoint.worker_env(model),
-           **({ENV_METRICS_DIR: metrics_dir} if metrics_dir else {})}
+           **({ENV_METRICS_DIR: metrics_dir} if metrics_dir else {}),
+           **({ENV_PREVIEW_MAP: preview_map} if metrics_dir and preview_map else {})}
     return " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items()) + " " * bool(env) + shlex.join(argv)
 
 

@@ -8,4 +8,15 @@
       button.click();
     }
   });
+  // Gradio's dropdown blurs its input once a choice is taken with Enter, which left a keyboard user on the
+  // page body (the next Tab started from the top). Give the focus back to the dropdown the choice was made in.
+  document.addEventListener("keydown", (event) => {
+    const input = event.target;
+    if (event.key !== "Enter" || !(input instanceof HTMLInputElement) || input.getAttribute("role") !== "combobox") {
+      return;
+    }
+    setTimeout(() => {
+      if (!document.activeElement || document.activeElement === document.body) input.focus();
+    }, 0);
+  }, true);
 }
