@@ -7,8 +7,8 @@
 Latents: the tiny model's latent codes of seeded scenes (``training.latents.encode_frames``: what
 the tiny DiT learns to produce), ``--train`` scenes of the train split to fit on and ``--held-out``
 scenes of the held-out split to judge on. Each is decoded by the checkpoint's TurboVAE decoder
-(upstream's ``Magi2TurboVAEDecoder``); latent frame ``k`` is decoded frame ``2k``
-(``training.latents``), and each latent cell's ``8 x 8`` decoded pixels, area-pooled to
+(upstream's ``Magi2TurboVAEDecoder``); latent frame ``k`` ends at decoded frame ``2^u k`` for
+``u`` time-doubling up blocks (``training.latents``), and each latent cell's decoded pixels, area-pooled to
 ``--patch``, are the cell's target. One least-squares fit; the file records the seed, the counts
 and the held-out PSNR of the map against the true decode (the test's floor is set from it).
 
@@ -26,12 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def cell_targets(decoded, latent_frames: int, patch: int, stride: int):
+def cell_targets(decoded, latent_frames: int, patch: int, stride: int, time_upsamplings: int = 1):
     """Decoded ``[3, F, H, W]`` in [-1, 1] -> per latent cell ``[T * h * w, 3 * patch * patch]``."""
 
     import torch
 
-    frames = decoded[:, ::2][:, :latent_frames]  # latent frame k is decoded frame 2k
+    frames = decoded[:, ::2 ** time_upsamplings][:, :latent_frames]  # latent frame k ends at decoded frame 2^u k
     pooled = torch.nn.functional.avg_pool3d(frames.unsqueeze(0), (1, stride // patch, stride // patch))[0]
     colours, count, height, width = pooled.shape
     cells = pooled.reshape(colours, count, height // patch, patch, width // patch, patch)
@@ -42,18 +42,18 @@ def latents_and_targets(components, scenes, patch: int):
     import numpy as np
     import torch
 
-    from magi2studio.training.latents import VIDEO_DECODER_STRIDE, encode_frames, latent_frame_times, scene_frames
+    from magi2studio.engines.embedded.checkpoint import turbo_config
+    from magi2studio.training.latents import encode_scene
 
     config = components.config
+    stride = turbo_config(config)["spatial_compression_ratio"]  # decoded pixels per latent cell
     xs, ys, latents, decodes = [], [], [], []
     for scene in scenes:
-        count = scene.tier.frames
-        frames = scene_frames(scene, latent_frame_times(count, config.latent_frames))
-        latent = encode_frames(frames, config.spatial_stride)  # [48, T, h, w]
+        latent = encode_scene(scene, config.spatial_stride, config.latent_frames)[0]  # [48, T, h, w]
         with torch.inference_mode():
             decoded = components.video_decoder.decode(latent.unsqueeze(0).float())[0].float()
         xs.append(latent.permute(1, 2, 3, 0).reshape(-1, latent.shape[0]).numpy())
-        ys.append(cell_targets(decoded, config.latent_frames, patch, VIDEO_DECODER_STRIDE).numpy())
+        ys.append(cell_targets(decoded, config.latent_frames, patch, stride, config.turbo_time_upsamplings).numpy())
         latents.append(latent)
         decodes.append(decoded)
     return np.concatenate(xs), np.concatenate(ys), latents, decodes

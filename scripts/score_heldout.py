@@ -14,9 +14,8 @@ per attribute; the table printed last is that share.
 (magi2studio.training.latents) go through the checkpoint's decoders and the driver's decode
 steps, and the clip is scored against its caption. That is the most the DiT could reach with
 these decoders (and says nothing about the DiT). ``--code-inverse`` scores the code's exact
-inverse instead of the decoders: each sub-cell's colour back over its pixels, latent frame ``k``
-as decoded frame ``2k`` and the mean of two latent frames between them. That is the most any
-decoder of this code can show (upstream's TurboVAE cannot compute it: docs/training.md).
+inverse instead of the video decoder: each cell's colour back over its pixels at each decoded
+frame (``latents.decode_exact``), what the set decoder computes to ~1e-4 (docs/training.md).
 """
 
 from __future__ import annotations
@@ -121,34 +120,25 @@ def _decode_codes(driver, config, facts, tier_name: str, seed: int, code_inverse
 
     tier = get_tier(tier_name)
     scene = make_scene(facts, tier, seed)
-    frames = codes.scene_frames(scene, codes.latent_frame_times(tier.frames, config.latent_frames))
-    video = codes.encode_frames(frames, config.spatial_stride).unsqueeze(0)
+    video = codes.encode_scene(scene, config.spatial_stride, config.latent_frames)[0].unsqueeze(0)
     audio = codes.encode_audio(scene, config.audio_latent_fps).unsqueeze(0)
     with torch.inference_mode():  # as the driver's run is
-        clip = _code_inverse(video, tier, config.spatial_stride) if code_inverse else driver.decode_video(video, tier)
+        clip = _code_inverse(video, tier) if code_inverse else driver.decode_video(video, tier)
         pcm = driver.decode_audio(audio, tier.seconds)
     return score_clip(facts, clip, pcm, tier.fps, AUDIO_SAMPLE_RATE, caption=scene.caption)
 
 
-def _code_inverse(video, tier, spatial_stride: int):
-    """The video code [1, 48, T, h, w] decoded exactly at the video decoder's size (a sub-cell's
-    colour over its pixels), then shown as the driver shows a decoded clip."""
+def _code_inverse(video, tier):
+    """The video code [1, 48, T, h, w] decoded exactly (each cell's colour over its pixels at every
+    decoded frame), then shown as the driver shows a decoded clip."""
 
     import numpy as np
-    import torch
     from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _resize_video
 
     from magi2studio.training import latents as codes
 
-    latent = torch.nn.functional.pixel_shuffle(video[0].permute(1, 0, 2, 3), codes.SUB_CELLS)  # [T, 3, 4h, 4w]
-    between = (latent[:-1] + latent[1:]) / 2
-    frames = torch.stack([latent[0], *[x for pair in zip(between, latent[1:]) for x in pair]])
-    repeat = spatial_stride // (codes.SUB_CELLS * codes.VIDEO_DECODER_STRIDE)
-    pixels = frames.repeat_interleave(repeat, -1).repeat_interleave(repeat, -2)
+    frames = codes.decode_exact(video[0])  # [N, 3, h, w]
+    pixels = frames.repeat_interleave(codes.CELL, -1).repeat_interleave(codes.CELL, -2)
     small = pixels.mul(0.5).add(0.5).clamp(0, 1).mul(255).byte().permute(0, 2, 3, 1).numpy()
     index = np.floor(np.arange(tier.frames) * len(small) / tier.frames).astype(np.int64)
     return np.ascontiguousarray(_resize_video(small[index], tier.width, tier.height))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

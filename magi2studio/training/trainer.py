@@ -54,9 +54,14 @@ def trained_config(seed: int = 0) -> TinyConfig:
     """The tiny config the trained weights use: today's at half the DiT width and with prompts
     cut at 80 tokens (a caption with the I2VA figure line is at most 67), so that a CPU can
     train it, with the audio decoder that :func:`latents.audio_decoder_state` sets (5 strides
-    of 4: 5 latents/s x 1024 = 5120 samples/s, widths 64 -> 16 -> 4 -> 2)."""
+    of 4: 5 latents/s x 1024 = 5120 samples/s, widths 64 -> 16 -> 4 -> 2), and the video code's
+    geometry (:mod:`.latents`): 16-pixel latent cells (16 x 28 at 272p) and a TurboVAE whose four
+    up blocks all double time, so 4 latent frames decode to 49 frames; the DiT takes 2 x 2 cells a
+    token (448 video tokens at 272p, 4 times the 64-pixel grid's 112)."""
 
     return replace(TinyConfig(seed=seed), hidden_size=128, text_max_length=80,
+                   spatial_stride=codes.CELL, dit_patch=codes.DIT_PATCH, turbo_channels=codes.TURBO_CHANNELS,
+                   turbo_time_upsamplings=codes.TIME_UPSAMPLINGS,
                    audio_strides=codes.AUDIO_DECODER_STRIDES, audio_decoder_channels=codes.AUDIO_DECODER_CHANNELS,
                    audio_decoder_multiples=codes.AUDIO_DECODER_MULTIPLES,
                    extra={"weights": "trained", "codes": "magi2studio.training.latents"})
@@ -103,17 +108,12 @@ def make_examples(config: TinyConfig, settings: TrainSettings,
                   scenes: Iterator[Scene] | None = None) -> list[Example]:
     tier = get_tier(settings.tier)
     stream = scenes or sample_scenes(settings.seed, tier, "train")
-    latent_at = codes.latent_frame_times(tier.frames, config.latent_frames)
     examples = []
     for _ in range(settings.scenes):
         scene = next(stream)
-        frames = codes.scene_frames(scene, latent_at)
-        examples.append(Example(
-            caption=scene.caption,
-            video=codes.encode_frames(frames, config.spatial_stride),
-            audio=codes.encode_audio(scene, config.audio_latent_fps),
-            first_frame=frames[0],
-        ))
+        video, first_frame = codes.encode_scene(scene, config.spatial_stride, config.latent_frames)
+        examples.append(Example(caption=scene.caption, video=video,
+                                audio=codes.encode_audio(scene, config.audio_latent_fps), first_frame=first_frame))
     return examples
 
 
@@ -202,9 +202,10 @@ def dit_batch(sampler, conditioning: Conditioning, image_encoder, text_encoder, 
             caption = Magi2Pipeline._ensure_figure_token(caption)
             pixels = torch.from_numpy(example.first_frame.astype(np.float32) / 127.5 - 1.0)
             latent = image_encoder.encode_video(pixels.permute(2, 0, 1)[None, :, None])
+            patch = sampler.data_proxy.patch_size  # upstream counts the reference in tokens
             text = conditioning.text(caption)
             reference = {"ref_image_feat": latent.unsqueeze(1),
-                         "ref_image_feat_len": torch.tensor([[[latent.shape[-2], latent.shape[-1]]]]),
+                         "ref_image_feat_len": torch.tensor([[[latent.shape[-2] // patch, latent.shape[-1] // patch]]]),
                          "ref_image_special_token_embedding":
                              text_encoder.pool_figure_tokens(caption, ["<Figure 1>"], text).unsqueeze(0)}
         both = sampler.prepare_model_input(
@@ -224,7 +225,7 @@ def dit_batch(sampler, conditioning: Conditioning, image_encoder, text_encoder, 
 
 def latent_weights(example: Example, weight: float = LATENT_OBJECT_WEIGHT) -> tuple[torch.Tensor, torch.Tensor]:
     """The DiT loss's weights of one sample's latents: ``1 + weight`` on the video cells off the
-    background (the moving object, a cell or two of 28) and on the audio latents that hold a beep
+    background (the moving object, about a dozen cells of 448) and on the audio latents that hold a beep
     (~7% of them); elsewhere 1. A plain MSE learns the background and the silence first."""
 
     video = example.video  # [48, T, h, w]
@@ -289,11 +290,10 @@ def check_resumable(state: dict, settings: TrainSettings, config_digest: str) ->
 def _train_dit(components, examples, settings, log, generator, on_step, target, resume) -> int:
     from .on_device import batch_to
     from vllm_omni.diffusion.models.magi2.pipeline_magi2 import DEFAULT_NEGATIVE_PROMPT
-    from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
     from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
 
     transformer = components.transformer
-    proxy = Magi2DataProxy()
+    proxy = components.config.data_proxy()  # the config's DiT patch
     sampler = Magi2PreviewSampler(transformer, proxy, device="cpu")
     negative = components.text_encoder.encode(DEFAULT_NEGATIVE_PROMPT).float()
     conditioning = Conditioning(components.text_encoder, negative)

@@ -177,17 +177,23 @@ def _write_image_encoder(config: TinyConfig, folder: Path, generator: torch.Gene
 
 
 def turbo_config(config: TinyConfig) -> dict:
+    """Every up block doubles space; the last ``turbo_time_upsamplings`` of them double time too
+    (upstream lists the blocks last first), then the 2 x 2 unpatchify."""
+
+    blocks, in_time = len(config.turbo_channels), config.turbo_time_upsamplings
+    if not 0 < in_time <= blocks:
+        raise ValueError(f"turbo_time_upsamplings: {in_time} of {blocks} up blocks. Fix: 1 to {blocks}")
     return {
         "latent_channels": 48,
         "out_channels": 3,
         "first_chunk_size": config.latent_frames,
         "step_size": 4,
-        "temporal_compression_ratio": 2,
-        "spatial_compression_ratio": 8,
+        "temporal_compression_ratio": 2 ** in_time,
+        "spatial_compression_ratio": 2 ** blocks * 2,
         "decoder_block_out_channels": list(config.turbo_channels),
-        "decoder_layers_per_block": [1] * (len(config.turbo_channels) + 1),
-        "decoder_spatio_temporal_scaling": [True, True],
-        "decoder_spatio_only": [False, True],
+        "decoder_layers_per_block": [1] * (blocks + 1),
+        "decoder_spatio_temporal_scaling": [True] * blocks,
+        "decoder_spatio_only": [False] * in_time + [True] * (blocks - in_time),
         "patch_size": 2,
         "decoder_causal": False,
         "use_unpatchify": True,

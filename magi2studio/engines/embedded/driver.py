@@ -74,7 +74,6 @@ class EmbeddedDriver:
     """Runs requests on ``device`` (the CPU, or a rank's GPU under NCCL)."""
 
     def __init__(self, components: Components, device: torch.device | str = "cpu") -> None:
-        from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy
         from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
 
         self.c = components
@@ -82,8 +81,9 @@ class EmbeddedDriver:
         for module in (components.transformer, components.refiner, components.text_encoder,
                        components.image_encoder, components.video_decoder, components.audio_decoder):
             module.to(self.device)
-        self.sampler = Magi2PreviewSampler(components.transformer, Magi2DataProxy(), device=self.device)
-        self.refiner_sampler = Magi2PreviewSampler(components.refiner, Magi2DataProxy(), device=self.device)
+        self.sampler = Magi2PreviewSampler(components.transformer, components.config.data_proxy(), device=self.device)
+        self.refiner_sampler = Magi2PreviewSampler(components.refiner, components.config.data_proxy(),
+                                                   device=self.device)
 
     # -- conditioning ----------------------------------------------------------------------
     def encode_prompts(self, prompt: str, negative: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +96,7 @@ class EmbeddedDriver:
         from PIL import Image
         from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _resizepad
 
-        stride = self.c.config.spatial_stride
+        stride = self.c.config.spatial_stride * self.c.config.dit_patch  # whole DiT tokens
         with Image.open(path) as image:
             image = image.convert("RGB")
             longest = max(tier.height, tier.width)
@@ -109,7 +109,7 @@ class EmbeddedDriver:
         pixels = torch.from_numpy(np.asarray(padded, dtype=np.float32) / 127.5 - 1.0)
         pixels = pixels.permute(2, 0, 1).unsqueeze(0).unsqueeze(2)  # [1, 3, 1, H, W]
         latent = self.c.image_encoder.encode_video(pixels.to(self.device), use_sample=False)
-        lengths = torch.tensor([[[latent.shape[-2], latent.shape[-1]]]], dtype=torch.long, device=self.device)
+        lengths = torch.tensor([[self.c.config.reference_tokens(latent)]], dtype=torch.long, device=self.device)
         return latent.unsqueeze(1), lengths
 
     # -- decoding ---------------------------------------------------------------------------

@@ -39,9 +39,15 @@ class TinyConfig:
     # the tiny engine keeps the 25 fps timeline with coarser strides.
     latent_frames: int = 4
     spatial_stride: int = 64
+    # The DiT's spatial patch (upstream's data proxy ``patch_size``): a token is p x p latent cells,
+    # 48 * p * p wide, so a finer latent grid need not cost the DiT more tokens.
+    dit_patch: int = 1
     audio_latent_fps: float = 5.0
     # TurboVAE decoder (upstream Magi2TurboVAEDecoder) and Oobleck audio decoder.
     turbo_channels: tuple[int, ...] = (16, 16)
+    # How many of TurboVAE's up blocks (the last ones) double time as well as space; the others
+    # double space only. Decoded frames: (T - 1) * 2 ** this + 1.
+    turbo_time_upsamplings: int = 1
     audio_decoder_channels: int = 8
     audio_strides: tuple[int, ...] = (2, 2, 2, 2, 2)
     # Oobleck's c_mults (the decoder narrows from channels * the last to channels * 1); empty: all 1.
@@ -85,6 +91,7 @@ class TinyConfig:
             hidden_size=self.hidden_size,
             head_dim=self.head_dim,
             num_query_groups=self.num_query_groups,
+            video_in_channels=self.video_token_channels,
             text_in_channels=self.text_hidden,
             multimodal_layers=self.multimodal_layers,
             params_dtype=torch.float32,
@@ -98,6 +105,22 @@ class TinyConfig:
                 layers=self.moe_layers,
             ),
         )
+
+    @property
+    def video_token_channels(self) -> int:
+        return 48 * self.dit_patch * self.dit_patch
+
+    def reference_tokens(self, latent) -> list[int]:
+        """An I2VA reference latent [..., h, w]'s token grid, as upstream's ``ref_image_feat_len``."""
+
+        return [latent.shape[-2] // self.dit_patch, latent.shape[-1] // self.dit_patch]
+
+    def data_proxy(self):
+        """Upstream's packing of the latents into tokens at this config's patch."""
+
+        from vllm_omni.diffusion.models.magi2.preview_data_proxy import Magi2DataProxy, Magi2PreviewDataProxyConfig
+
+        return Magi2DataProxy(Magi2PreviewDataProxyConfig(patch_size=self.dit_patch))
 
     @property
     def refiner_latent_frames(self) -> int:
@@ -114,6 +137,7 @@ class TinyConfig:
             hidden_size=self.hidden_size,
             head_dim=self.head_dim,
             num_query_groups=self.refiner_num_query_groups,
+            video_in_channels=self.video_token_channels,
             text_in_channels=self.text_hidden,
             multimodal_layers=self.refiner_multimodal_layers,
             params_dtype=torch.float32,
