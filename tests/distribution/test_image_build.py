@@ -115,6 +115,7 @@ def _build_image(clone: Path, out: Path, *tags: str) -> tuple[subprocess.Complet
     return build, seconds
 
 
+@pytest.mark.timeout(2700)  # its setup is the first build: two builds (482 s each at load 10 here)
 def test_a_second_clean_clone_elsewhere_builds_the_same_image_bit_for_bit(image_build, tmp_path_factory):
     """Issue 30: the same commit on the same base, from another folder at another time, gives the same image id
     (the docker-format config's digest) and the same layers. Only the base is shared: nothing is cached."""
