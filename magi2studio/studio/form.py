@@ -23,7 +23,7 @@ ENGINE_DEFAULT = "engine default"
 REQUEST_FIELDS: tuple[str, ...] = tuple(Request.model_fields)
 LAYOUT_FIELDS = ("layout_preset", "sp", "cfg", "ep")
 FIELDS = (*REQUEST_FIELDS, *LAYOUT_FIELDS)
-# Optional whole numbers: text fields on the page, blank meaning the engine's default.
+# Optional whole numbers: number fields on the page (studio/number_field.py), blank meaning the engine's default.
 OPTIONAL_WHOLE = tuple(name for name, info in Request.model_fields.items() if info.annotation == int | None)
 
 # Which error line of the form shows a refusal of each field: the groups of the page, each line
@@ -96,8 +96,6 @@ def _to_form(name: str, value: Any) -> Any:
         return value  # a file component takes a path or None, never ""
     if name == "compile":
         return value or ENGINE_DEFAULT
-    if name in OPTIONAL_WHOLE:
-        return "" if value is None else str(value)
     return "" if value is None else value
 
 
@@ -106,7 +104,7 @@ def values_from_manifest(manifest: dict[str, Any]) -> list[Any]:
     request = manifest["request"]
     values = {name: _to_form(name, request.get(name)) for name in REQUEST_FIELDS}
     preset, sp, cfg, ep = layout_to_form(manifest["layout"])
-    values.update(layout_preset=preset, sp=sp, cfg=cfg, ep="" if ep is None else str(ep))
+    values.update(layout_preset=preset, sp=sp, cfg=cfg, ep="" if ep is None else ep)
     return [values[name] for name in FIELDS]
 
 

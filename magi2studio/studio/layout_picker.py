@@ -22,6 +22,7 @@ from ..vocabulary.layouts import PRESETS, Layout, memory_fit_line, memory_per_gp
 from ..vocabulary.tiers import TIERS, Tier, get_tier
 from .context import StudioContext
 from .form import CUSTOM, layout_from_form
+from .number_field import BLANK, optional_whole_number
 
 REFUSED_MARK = "⊘"
 # A second control built with ``same_as`` (A/B's candidate) starts here: the first control's layout.
@@ -80,10 +81,10 @@ def default_preset(engine: Engine, preload: Layout | None, states: list[PresetSt
     return (clean or runnable or [CUSTOM])[0]
 
 
-def fields_for(preset: str, current: Layout | None = None) -> tuple[int, int, str]:
+def fields_for(preset: str, current: Layout | None = None) -> tuple[int, int, int | str]:
     """The SP / CFG / EP fields for a preset (for custom: the running layout's, else 1 / 1 / blank)."""
     layout = PRESETS[preset][0] if preset in PRESETS else (current or Layout())
-    return layout.sp, layout.cfg, "" if layout.ep is None else str(layout.ep)
+    return layout.sp, layout.cfg, BLANK if layout.ep is None else layout.ep
 
 
 def verdict(values: dict[str, Any], capabilities: Capabilities, engine: Engine, gpu_gib: float,
@@ -120,7 +121,7 @@ class LayoutControl:
     preset: gr.Dropdown
     sp: gr.Number
     cfg: gr.Number
-    ep: gr.Textbox
+    ep: gr.Number
     verdict: gr.Markdown
 
     @property
@@ -152,8 +153,8 @@ def build_control(ctx: StudioContext, tier: gr.components.Component, first_tier:
                            elem_id=f"{elem_prefix}-sp", min_width=90)
             cfg = gr.Number(value=first_cfg, label="CFG", precision=None, interactive=custom,
                             elem_id=f"{elem_prefix}-cfg", min_width=90)
-            ep = gr.Textbox(value=first_ep, label="EP", placeholder="= SP", interactive=custom,
-                            elem_id=f"{elem_prefix}-ep", min_width=90)
+            ep = optional_whole_number(first_ep, label="EP", placeholder="= SP",
+                                       interactive=custom, elem_id=f"{elem_prefix}-ep", min_width=90)
     line = gr.Markdown(elem_id=f"{elem_prefix}-check")
     control = LayoutControl(preset, sp, cfg, ep, line)
     inputs = [*control.fields, tier]
@@ -166,12 +167,12 @@ def build_control(ctx: StudioContext, tier: gr.components.Component, first_tier:
 
     def preset_changed(preset_value):
         if preset_value == SAME:  # the other control's: its own fields say nothing
-            return gr.Number(interactive=False), gr.Number(interactive=False), gr.Textbox(interactive=False)
+            return gr.Number(interactive=False), gr.Number(interactive=False), gr.Number(interactive=False)
         if preset_value not in PRESETS:  # custom: the fields keep their values and open for editing
-            return gr.Number(interactive=True), gr.Number(interactive=True), gr.Textbox(interactive=True)
+            return gr.Number(interactive=True), gr.Number(interactive=True), gr.Number(interactive=True)
         sp_value, cfg_value, ep_value = fields_for(preset_value)
         return (gr.Number(value=sp_value, interactive=False), gr.Number(value=cfg_value, interactive=False),
-                gr.Textbox(value=ep_value, interactive=False))
+                gr.Number(value=ep_value, interactive=False))
 
     preset.change(preset_changed, preset, [sp, cfg, ep], queue=False, api_visibility="private").then(
         check, inputs, line, queue=False, api_visibility="private")

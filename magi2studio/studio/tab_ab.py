@@ -21,6 +21,7 @@ from . import layout_picker as LP
 from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
 from .form import ENGINE_DEFAULT, layout_from_form
+from .number_field import optional_whole_number
 
 TAB_ID = "ab"
 COLUMNS = ["#", "side", "pair", "status", "gate ms/step", "engine start ms", "frames sha256", "pcm sha256"]
@@ -133,7 +134,7 @@ def build(ctx: StudioContext) -> None:
                 tier = gr.Dropdown([t for t, why in ctx.capabilities.tiers.items() if not why], value="272p",
                                    label="Tier")
                 seed = gr.Number(42, precision=0, label="Seed")
-                steps = gr.Textbox("", label="Steps", placeholder="blank: engine default")
+                steps = optional_whole_number(label="Steps", placeholder="blank: engine default", elem_id="ab-steps")
                 pairs = gr.Number(3, precision=0, label="Pairs")
         request_error = _error_line(box="request")
         sides = {}

@@ -28,6 +28,7 @@ from . import batch_panel, job_panel, live_preview, session_state
 from . import layout_picker as LP
 from .context import StudioContext
 from .endpoint import one_parameter_per_field, uploads_only
+from .number_field import optional_whole_number
 from .progress_line import progress_html
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,9 @@ def _error_line(text: str, box: str | None = None) -> gr.Markdown:
     return gr.Markdown(value=text, visible=bool(text), **where)
 
 
-def _text_field(name: str, placeholder: str, value: str = "", **options: Any) -> gr.Textbox:
+def _whole_field(name: str, placeholder: str, value: int | None = None, **options: Any) -> gr.Number:
     """An optional whole number of the request: blank means the engine's default (shown as the placeholder)."""
-    return gr.Textbox(value=value, label=F.label(name), placeholder=placeholder, **options)
+    return optional_whole_number(value, label=F.label(name), placeholder=placeholder, **options)
 
 
 def build(ctx: StudioContext) -> None:
@@ -128,11 +129,12 @@ def build(ctx: StudioContext) -> None:
                                                container=False)
                         random_seed = gr.Button("random seed", size="sm")
                 with gr.Row():
-                    steps = _text_field("steps", f"blank: engine default, {caps.default_steps}",
-                                        "" if caps.demo_steps is None else str(caps.demo_steps), elem_id="steps")
-                    refiner_steps = _text_field("refiner_steps", f"blank: engine default, {caps.default_refiner_steps}",
-                                                elem_id="refiner-steps")
-                    preview_every = _text_field("preview_every", "blank: about 10 a run; 0: off",
+                    steps = _whole_field("steps", f"blank: engine default, {caps.default_steps}", caps.demo_steps,
+                                         elem_id="steps")
+                    refiner_steps = _whole_field("refiner_steps",
+                                                 f"blank: engine default, {caps.default_refiner_steps}",
+                                                 elem_id="refiner-steps")
+                    preview_every = _whole_field("preview_every", "blank: about 10 a run; 0: off",
                                                 elem_id="preview-every")
                 errors["sampling"] = _error_line("", "sampling")
                 tier = gr.Radio([(_tier_label(name, caps.tiers.get(name)), name) for name in TIERS],
@@ -160,9 +162,9 @@ def build(ctx: StudioContext) -> None:
                         deterministic = gr.Checkbox(value=F.default("deterministic"), label=F.label("deterministic"),
                                                     info=F.help_text("deterministic"), elem_id="deterministic")
                     with gr.Row():
-                        output_width = _text_field("output_width", "the tier's generated size",
+                        output_width = _whole_field("output_width", "the tier's generated size",
                                                    elem_id="output-width")
-                        output_height = _text_field("output_height", "the tier's generated size",
+                        output_height = _whole_field("output_height", "the tier's generated size",
                                                     elem_id="output-height")
                 errors["advanced"] = _error_line("", "advanced")
         session_state.build(ctx, panel)

@@ -24,6 +24,7 @@ from .background import TERMINAL, BackgroundJobs
 from .context import StudioContext, report_links
 from .form import layout_from_form
 from .job_panel import session_owner
+from .number_field import optional_whole_number
 from .served import cached
 
 TAB_ID = "reproduce"
@@ -84,7 +85,8 @@ def build(ctx: StudioContext) -> None:
                 layout = LP.build_control(ctx, tier, "272p", elem_prefix="reproduce-layout")
             seed = gr.Number(42, precision=0, label="Seed")
             policy = gr.Radio(list(SEED_POLICIES), value="fixed", label="Seed policy")
-            steps = gr.Textbox("", label="Steps", placeholder="blank: engine default")
+            steps = optional_whole_number(label="Steps", placeholder="blank: engine default",
+                                          elem_id="reproduce-steps")
         with gr.Row():
             expect = gr.Dropdown(["none", *BUNDLED_REFERENCES], value="none", label="Reference")
             expect_file = gr.File(label="...or a reference file", file_count="single")

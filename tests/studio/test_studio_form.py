@@ -49,7 +49,7 @@ def test_a_manifest_refills_the_form_and_the_form_plans_the_same_request(engine)
     layout = parse_layout("sp2-cfg1")
     values = F.values_from_manifest({"request": request.model_dump(mode="json"), "layout": layout.as_dict()})
     by_name = dict(zip(F.FIELDS, values))
-    assert (by_name["steps"], by_name["output_width"], by_name["output_height"]) == ("4", "", "1080")
+    assert (by_name["steps"], by_name["output_width"], by_name["output_height"]) == (4, "", 1080)
     assert (by_name["layout_preset"], by_name["sp"], by_name["ep"]) == ("sp2-cfg1", 2, "")
     assert (by_name["image"], by_name["prompt_file"], by_name["negative_prompt"]) == (None, None, "")
     again = F.plan_from_form(by_name, engine.capabilities(), engine)
@@ -126,7 +126,7 @@ def test_the_embedded_engine_starts_the_form_at_its_demo_defaults_and_says_so(en
     try:
         parameters = {p["parameter_name"]: p["parameter_default"]
                       for p in demo.get_api_info()["named_endpoints"]["/generate"]["parameters"]}
-        assert (parameters["steps"], parameters["layout_preset"], parameters["sp"]) == (str(DEMO_STEPS), DEMO_LAYOUT, 1)
+        assert (parameters["steps"], parameters["layout_preset"], parameters["sp"]) == (DEMO_STEPS, DEMO_LAYOUT, 1)
         said = demo.config["components"]
         line = next(c["props"]["value"] for c in said if c["props"].get("elem_id") == "demo-defaults")
         assert f"{DEMO_STEPS} steps on one rank ({DEMO_LAYOUT})" in line and "engine default, 100" in line
