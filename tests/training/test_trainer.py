@@ -187,9 +187,9 @@ def test_the_shipped_trained_weights_match_their_pin_and_a_changed_byte_is_refus
 def test_the_set_video_decoder_shows_each_held_out_scene_s_object(setup):
     """Upstream's loaded TurboVAE decoder with the set weights, on the 24 held-out scenes' own codes,
     decodes each to the code's exact inverse (every cell's colour at each of the 49 frames) and,
-    shown as the driver shows it, the score finds the caption's colour and motion in all but at
-    most one scene and its shape in at least 21 of 24 (triangles 3-4 cells wide can read as
-    circles: docs/training.md). Mutations, on 6 of the scenes: the code's red and blue swapped give
+    shown as the driver shows it, the score finds the caption's colour, shape and motion in all but
+    at most one scene (the score tells a staircase triangle from a staircase circle by where its
+    mass sits: docs/training.md). Mutations, on 6 of the scenes: the code's red and blue swapped give
     a colour mismatch wherever that changes the colour; each latent frame's 16 time slots reversed
     (a sawtooth path) break the motion in at least half."""
     import numpy as np
@@ -232,7 +232,7 @@ def test_the_set_video_decoder_shows_each_held_out_scene_s_object(setup):
             backwards = code.unflatten(0, (3, 16)).flip(1).flatten(0, 1)
             moved = score_clip(facts, shown(backwards)[1], silence, tier.fps, 44100, caption=scene.caption)
             reversed_motions += moved.verdict("motion").match is not True
-    assert matches["colour"] >= 23 and matches["motion"] >= 23 and matches["shape"] >= 21, matches
+    assert matches["colour"] >= 23 and matches["motion"] >= 23 and matches["shape"] >= 23, matches
     assert colour_changes >= 2 and swapped_colours == colour_changes, (swapped_colours, colour_changes)
     assert reversed_motions >= 3, reversed_motions  # 3 of 6 when measured
 
