@@ -47,6 +47,18 @@ def wait_settled(page, element_id: str, timeout_ms: int = 30_000) -> None:
         " return !t || t.classList.contains('hide'); }", arg=element_id, timeout=timeout_ms)
 
 
+def submit_from_the_page(page, url: str, prompt: str, seed: int, steps: int, **fields: Any) -> None:
+    """Open the studio at 1440x900, fill prompt, seed, steps and any other field (``preview_every=2`` fills
+    ``#preview-every``), click Generate."""
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(url)
+    page.locator("#job-panel").wait_for()
+    page.locator("#prompt textarea").fill(prompt)
+    for name, value in {"seed": seed, "steps": steps, **fields}.items():
+        page.locator(f"#{name.replace('_', '-')} input").fill(str(value))
+    page.locator("#generate").click()
+
+
 # Small enough to keep the suite quick on two cores; the timing metric needs steps >= 3.
 FAST_STEPS = 3
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from studio_support import CHROMIUM, NO_CHROMIUM
+from studio_support import CHROMIUM, NO_CHROMIUM, submit_from_the_page
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
 
@@ -22,13 +22,7 @@ STEP_SHOWN = re.compile(rf"preview: step (\d+)/{STEPS}")
 
 
 def test_a_cancel_mid_run_lands_within_a_few_steps_with_no_error_and_the_line_says_cancelled(studio, page):
-    page.set_viewport_size({"width": 1440, "height": 900})
-    page.goto(studio.url)
-    page.locator("#job-panel").wait_for()
-    page.locator("#prompt textarea").fill("Waves fold over a breakwater; a foghorn, far off.")
-    page.locator("#seed input").fill("9801")
-    page.locator("#steps input").fill(str(STEPS))
-    page.locator("#generate").click()
+    submit_from_the_page(page, studio.url, "Waves fold over a breakwater; a foghorn, far off.", 9801, STEPS)
     progress = page.locator("#progress")
     progress.get_by_text(re.compile(rf"preview: step [3-9]/{STEPS}")).wait_for(timeout=600_000)  # past warm-up
     shown = int(STEP_SHOWN.search(progress.inner_text()).group(1))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from studio_support import CHROMIUM, IMAGES
+from studio_support import CHROMIUM, IMAGES, submit_from_the_page
 
 pytestmark = [
     pytest.mark.slow,
@@ -17,14 +17,8 @@ pytestmark = [
 
 
 def test_the_preview_appears_beside_the_progress_and_survives_a_reload(studio, page):
-    page.set_viewport_size({"width": 1440, "height": 900})
-    page.goto(studio.url)
-    page.locator("#job-panel").wait_for()
-    page.locator("#prompt textarea").fill("A red ball bounces left to right on a blue floor; a beep at each bounce.")
-    page.locator("#seed input").fill("9801")
-    page.locator("#steps input, #steps textarea").first.fill("20")
-    page.locator("#preview-every input, #preview-every textarea").first.fill("2")
-    page.locator("#generate").click()
+    submit_from_the_page(page, studio.url, "A red ball bounces left to right on a blue floor; a beep at each bounce.",
+                         9801, 20, preview_every=2)
     picture = page.locator("#live-preview-image")
     picture.wait_for(timeout=180_000)
     first_step = int(page.locator("#live-preview figure").get_attribute("data-step"))
