@@ -58,8 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     from magi2studio.semantic.scenes import HELD_OUT, PHRASINGS, caption_for
     from magi2studio.semantic.score import score_run
 
+    from magi2studio.errors import InputError
+
+    try:
+        engine = EmbeddedEngine(weights=args.weights)
+    except InputError as error:
+        print(f"score_heldout.py: {error}", file=sys.stderr)
+        return 2
     runs_root = args.runs or Path(tempfile.mkdtemp(prefix="heldout-"))
-    engine = EmbeddedEngine(weights=args.weights)
     layout = parse_layout("sp1-cfg1")
     driver = _decoding_driver(engine) if args.decode_codes else None
     results = []
@@ -142,3 +148,7 @@ def _code_inverse(video, tier):
     small = pixels.mul(0.5).add(0.5).clamp(0, 1).mul(255).byte().permute(0, 2, 3, 1).numpy()
     index = np.floor(np.arange(tier.frames) * len(small) / tier.frames).astype(np.int64)
     return np.ascontiguousarray(_resize_video(small[index], tier.width, tier.height))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

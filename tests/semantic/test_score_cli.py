@@ -78,3 +78,19 @@ def test_the_random_weight_engine_run_is_judged_not_crashed(tmp_path, capsys):
     assert not result.all_match  # random weights: noise, about chance per attribute
     code, out, _ = _score(capsys, folder.path)
     assert code == 1 and out.count("MISMATCH") >= 1
+
+
+def test_score_heldout_script_refuses_a_missing_checkpoint_in_one_line_and_writes_nothing(tmp_path):
+    """Run as a script (its __main__ block went missing once and the script did nothing, exit 0)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "score_heldout.py"
+    out = tmp_path / "heldout.json"
+    done = subprocess.run([sys.executable, str(script), "--weights", str(tmp_path / "nope"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("score_heldout.py:")]
+    assert len(lines) == 1 and "weights:" in lines[0] and "Fix:" in lines[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not out.exists() and list(tmp_path.iterdir()) == []
