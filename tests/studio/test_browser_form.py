@@ -151,6 +151,7 @@ def test_seed_minus_one_runs_with_a_drawn_seed_the_plot_names_its_series_and_his
     page.locator("#generate").click()
     headline = page.locator("#run-headline")
     headline.get_by_text("drawn at random").wait_for(timeout=240_000)
+    wait_settled(page, "run-headline")  # a pending event's timer ("0.3s") is part of the element's text
     name = headline.inner_text().split(" ")[0]
     drawn = int(headline.inner_text().split("seed ")[1].split(" ")[0])
     assert 0 <= drawn < 2**31
