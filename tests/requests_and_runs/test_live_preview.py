@@ -1,5 +1,6 @@
 """The live preview: written during a run (every N steps, the right shape), off when asked, recorded."""
 
+import io
 import itertools
 import json
 import sys
@@ -8,7 +9,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from magi2studio.engines.live_preview import PREVIEW_MAPS, LinearPreviewMap
+import numpy as np
+from PIL import ImageSequence
+
+from magi2studio.engines.live_preview import PREVIEW_MAPS, LinearPreviewMap, encode_gif
 from magi2studio.vocabulary.request import build_request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +54,16 @@ def test_preview_written_every_n_steps_with_the_latent_grid_shape(trained_engine
     assert plan.resolved["preview_every"] == 2
     assert generation.resolved["live_preview"] == {"every": 2, "map": "tiny-trained"}
     assert not Path(seen[-1][1]).exists()  # the engine's folder goes with the run
+
+
+def test_the_gif_shows_each_frame_in_its_place_enlarged_by_whole_pixels():
+    rng = np.random.default_rng(3)
+    colours = rng.integers(0, 256, size=(12, 3), dtype=np.uint8)
+    frames = colours[rng.integers(0, 12, size=(5, 32, 56))]  # 5 frames of 12 colours, each frame its own
+    image = Image.open(io.BytesIO(encode_gif(frames)))
+    shown = np.stack([np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(image)])
+    assert shown.shape == (5, 96, 168, 3) and image.info["loop"] == 0
+    assert np.array_equal(shown, frames.repeat(3, axis=1).repeat(3, axis=2))
 
 
 def test_preview_off_when_asked(trained_engine):
