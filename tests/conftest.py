@@ -11,6 +11,11 @@ from magi2studio import determinism
 
 determinism.apply_defaults()  # before any test starts torch
 
+# The embedded engine's default weights are the shipped trained checkpoint; the wiring tests pin the seeded random
+# tree's hashes and times, so the suite asks for it by name (subprocesses inherit it). A test of the default
+# removes the variable itself.
+os.environ["MAGI2_EMBEDDED_WEIGHTS"] = "random"
+
 _GRADIO_CACHE = None if os.environ.get("GRADIO_TEMP_DIR") else tempfile.mkdtemp(prefix="magi2studio-tests-gradio-")
 if _GRADIO_CACHE:
     os.environ["GRADIO_TEMP_DIR"] = _GRADIO_CACHE  # before gradio is imported; studios the tests start inherit it

@@ -15,6 +15,11 @@ DEFAULT_OUT = Path("outputs")
 MAX_REQUEST_BYTES = 2 * MAX_PROMPT_FILE_BYTES  # a request holds its prompt and a negative prompt
 
 
+# engines/embedded/tiny_weights.py's choices, spelled here so that parsing the command imports no engine
+WEIGHTS_HELP = ("embedded engine: trained (the shipped trained checkpoint), random (seeded weights) or a tiny "
+                "checkpoint folder (default: $MAGI2_EMBEDDED_WEIGHTS, else trained)")
+
+
 def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", help="the prompt text")
     parser.add_argument("--prompt-file", help="a UTF-8 text or JSON prompt file (stripped, passed through)")
@@ -99,8 +104,7 @@ def register(sub) -> None:
     parser.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
     parser.add_argument("--engine", default="embedded", help="embedded, vllm-omni or vllm-omni-server")
     parser.add_argument("--weights", default=None,
-                        help="embedded engine: random (seeded weights), trained (the shipped trained checkpoint) "
-                             "or a tiny checkpoint folder (default: $MAGI2_EMBEDDED_WEIGHTS, else random)")
+                        help=WEIGHTS_HELP)
     add_server_arguments(parser)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="outputs root (default ./outputs)")
     parser.set_defaults(func=run)

@@ -21,8 +21,8 @@ from pathlib import Path
 from ..errors import InputError
 from ..jobs.batches import SEED_POLICIES
 from .queue_watch import watch_queue
-from .generate import (DEFAULT_OUT, add_request_arguments, add_server_arguments, engine_options, request_from_args,
-                       seed_asked_random)
+from .generate import (DEFAULT_OUT, WEIGHTS_HELP, add_request_arguments, add_server_arguments, engine_options,
+                       request_from_args, seed_asked_random)
 
 
 def register(sub) -> None:
@@ -53,7 +53,7 @@ def register(sub) -> None:
     add.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
     add.add_argument("--engine", default="embedded", help="the engine that checks the request now "
                      "(the runner checks it again with its own)")
-    add.add_argument("--weights", default=None, help="embedded engine: random or a tiny checkpoint folder")
+    add.add_argument("--weights", default=None, help=WEIGHTS_HELP)
     add_server_arguments(add)
     add.set_defaults(func=add_job)
 
@@ -80,7 +80,7 @@ def register(sub) -> None:
 
     run = with_out(actions.add_parser("run", help="run the waiting jobs here, without a studio, until none wait"))
     run.add_argument("--engine", default="embedded", help="embedded, vllm-omni or vllm-omni-server")
-    run.add_argument("--weights", default=None, help="embedded engine: random or a tiny checkpoint folder")
+    run.add_argument("--weights", default=None, help=WEIGHTS_HELP)
     run.add_argument("--queue-size", type=int, default=None, help="most jobs that may wait (default: keep the file's)")
     add_server_arguments(run)
     run.set_defaults(func=run_jobs)

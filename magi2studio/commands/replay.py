@@ -40,12 +40,22 @@ def replay(run_dir: Path, out: Path | None = None):
             raise InputError(f"manifest.resolved.{err.field}", err.problem,
                              "use a manifest written by magi2studio") from None
     layout = parse_layout(original["layout"]["name"])
-    engine = get_engine(original["engine"]["name"])
+    engine = get_engine(original["engine"]["name"], **engine_options_of_run(original["engine"]))
     with ConsoleProgress() as progress:
         folder = runs.execute(engine, request, layout, out, on_progress=progress)
     verdict = {key: folder.manifest["hashes"][key] == original["hashes"][key]
                for key in ("frames_sha256", "pcm_sha256")}
     return original, folder, verdict
+
+
+def engine_options_of_run(engine_block: dict) -> dict:
+    """The engine options that ran: the embedded engine's weights (not today's default)."""
+
+    if not engine_block.get("embedded"):
+        return {}
+    from ..engines.embedded.tiny_weights import weights_of_run
+
+    return {"weights": weights_of_run(engine_block)}
 
 
 def run(args: argparse.Namespace) -> int:

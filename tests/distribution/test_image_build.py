@@ -273,8 +273,13 @@ def test_generate_in_the_image_equals_the_host_venv(built, tmp_path):
     assert inside.returncode == 0, inside.stdout[-3000:] + inside.stderr[-3000:]
     host_out = tmp_path / "host"
     host_out.mkdir()
-    host = _run([str(Path(sys.executable).with_name("magi2studio")), *request, "--out", str(host_out)], timeout=900)
+    default = {key: value for key, value in os.environ.items() if key != "MAGI2_EMBEDDED_WEIGHTS"}  # as in the image
+    host = _run([str(Path(sys.executable).with_name("magi2studio")), *request, "--out", str(host_out)], timeout=900,
+                env=default)
     assert host.returncode == 0, host.stdout[-3000:] + host.stderr[-3000:]
+    from magi2studio.engines.embedded.tiny_weights import TRAINED_SHA256
+
+    assert _only_run(outputs)["engine"]["weights_sha256"] == TRAINED_SHA256  # the image's default: the shipped one
     image_hashes, host_hashes = _only_run(outputs)["hashes"], _only_run(host_out)["hashes"]
     print(f"\nin image: frames {image_hashes['frames_sha256'][:12]} pcm {image_hashes['pcm_sha256'][:12]}; "
           f"host: frames {host_hashes['frames_sha256'][:12]} pcm {host_hashes['pcm_sha256'][:12]}", file=sys.stderr)

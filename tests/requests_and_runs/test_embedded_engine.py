@@ -1,6 +1,7 @@
 """The embedded engine end to end: upstream loading, determinism, the CLI's mp4, replay."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import av
 import pytest
 
+from magi2studio.engines.embedded.tiny_weights import TRAINED_SHA256, WEIGHTS_ENV
 from magi2studio.run_folder import runs
 from magi2studio.errors import Cancelled, InputError
 from magi2studio.vocabulary.layouts import parse_layout
@@ -85,9 +87,11 @@ def test_engine_refuses_layouts_it_cannot_run_and_runs_every_tier(engine):
         engine.check_layout(Layout(4, 1), get_tier("1080p"))
 
 
-def _cli(*args, cwd):
+def _cli(*args, cwd, weights: str | None = "random"):
+    """The CLI in a subprocess; ``weights``: its $MAGI2_EMBEDDED_WEIGHTS, None for none (the default)."""
+    env = {key: value for key, value in os.environ.items() if key != WEIGHTS_ENV}
     return subprocess.run([sys.executable, "-m", "magi2studio.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, env=env if weights is None else {**env, WEIGHTS_ENV: weights})
 
 
 @pytest.mark.slow
@@ -126,6 +130,21 @@ def test_cli_generate_seed_minus_one_draws_a_seed_the_manifest_records_and_repla
     assert f"seed: -1 drew {drawn}" in result.stderr and f"-s{drawn}-" in folder.name
     replay = _cli("replay", str(folder), cwd=tmp_path)  # the drawn seed is the request's: it repeats
     assert replay.returncode == 0 and "frames_sha256: match" in replay.stdout, replay.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_default_weights_are_the_trained_ones_and_replay_runs_what_the_run_recorded(tmp_path):
+    """issue 28: trained is the default; a replay runs the manifest's weights, not the shell's default."""
+    out = tmp_path / "outputs"
+    result = _cli("generate", "--prompt", "a red circle on a white background", "--steps", "2", "--out", str(out),
+                  cwd=tmp_path, weights=None)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (folder,) = [p for p in out.iterdir() if runs.is_complete(p)]
+    engine = json.loads((folder / "manifest.json").read_text())["engine"]
+    assert engine["weights_sha256"] == TRAINED_SHA256
+    replay = _cli("replay", str(folder), cwd=tmp_path, weights="random")  # today's default would be random
+    assert replay.returncode == 0, replay.stdout + replay.stderr[-2000:]
+    assert "frames_sha256: match" in replay.stdout and "pcm_sha256: match" in replay.stdout
 
 
 BAD_CLI = [

@@ -184,6 +184,29 @@ def test_the_shipped_trained_weights_match_their_pin_and_a_changed_byte_is_refus
         tiny_weights.checkpoint_folder("trained")
 
 
+def test_a_replay_names_the_weights_its_run_recorded_and_refuses_a_changed_folder(tmp_path, monkeypatch):
+    import shutil
+
+    from magi2studio.commands.replay import engine_options_of_run
+    from magi2studio.engines.embedded import tiny_weights
+
+    monkeypatch.delenv(tiny_weights.WEIGHTS_ENV, raising=False)
+    assert tiny_weights.requested_weights() == "trained"  # the default everywhere (CLI, studio, demo, queue)
+    assert engine_options_of_run({"embedded": True, "weights": "random"}) == {"weights": "random"}
+    moved = {"embedded": True, "weights": "/elsewhere/tiny-trained", "weights_sha256": tiny_weights.TRAINED_SHA256}
+    assert engine_options_of_run(moved) == {"weights": "trained"}  # another install's path, the same pinned tree
+    assert engine_options_of_run({"embedded": False, "name": "vllm-omni"}) == {}
+    copy = tmp_path / "mine"
+    shutil.copytree(tiny_weights.TRAINED_FOLDER, copy)
+    config = copy / "magi2studio-tiny.json"
+    config.write_text(config.read_text() + " ")  # a tree of its own
+    run = {"embedded": True, "weights": str(copy), "weights_sha256": tiny_weights.tree_sha256(copy)}
+    assert engine_options_of_run(run) == {"weights": str(copy)}
+    config.write_text(config.read_text() + " ")  # changed since the run
+    with pytest.raises(InputError, match=r"^weights: the run.s checkpoint folder .* now has .*Fix: restore"):
+        engine_options_of_run(run)
+
+
 def test_the_set_video_decoder_shows_each_held_out_scene_s_object(setup):
     """Upstream's loaded TurboVAE decoder with the set weights, on the 24 held-out scenes' own codes,
     decodes each to the code's exact inverse (every cell's colour at each of the 49 frames) and,
