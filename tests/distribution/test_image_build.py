@@ -65,10 +65,59 @@ def in_image(built: Built, *command: str, mounts: dict[str, tuple[Path, bool]] |
                  *command], timeout=timeout)
 
 
+def remove_earlier_runs(buildah: list[str] = BUILDAH, scratch: Path = Path("/var/tmp")) -> list[str]:
+    """What earlier runs of this module left in a store that outlives them (CI's does): every image tagged
+    ``localhost/magi2studio:*`` (each build also tags ``cpu-<revision>``, and until 9df432e none was removed: ~3 GB
+    each under vfs), the working containers of any ``localhost/magi2studio*`` image (a killed build's too; the base
+    image itself stays), untagged images, and containers/storage's blob folders over an hour old in ``scratch``
+    (a build killed while committing leaves one as large as its layer). Returns the tags removed."""
+    containers = json.loads(_run([*buildah, "containers", "--json"]).stdout or "null") or []
+    stale = [c["id"] for c in containers if (c.get("imagename") or "").startswith("localhost/magi2studio")]
+    if stale:
+        _run([*buildah, "rm", *stale])
+    images = json.loads(_run([*buildah, "images", "--json"]).stdout or "null") or []
+    tags = sorted({name for image in images for name in image.get("names") or []
+                   if name.startswith("localhost/magi2studio:")})
+    if tags:
+        _run([*buildah, "rmi", "--force", *tags])
+    _run([*buildah, "rmi", "--prune"])
+    for folder in scratch.glob("storage[0-9]*"):
+        if folder.is_dir() and time.time() - folder.stat().st_mtime > 3600:
+            shutil.rmtree(folder, ignore_errors=True)
+    return tags
+
+
+def test_an_earlier_runs_images_and_containers_are_removed_and_the_base_kept(tmp_path):
+    """On a private store: the leak that filled CI's disk (exit 1 at f432c48: no space left in the first build)."""
+    store = [*BUILDAH, "--root", str(tmp_path / "root"), "--runroot", str(tmp_path / "run")]
+    scratch = tmp_path / "var-tmp"
+    (scratch / "storage123").mkdir(parents=True)
+    os.utime(scratch / "storage123", (time.time() - 7200, time.time() - 7200))
+    (scratch / "storage456").mkdir()  # a build's blob folder in use now
+    empty = _run([*store, "from", "scratch"]).stdout.strip()
+    for tag in ("localhost/magi2studio:cpu-0123456789ab", "localhost/magi2studio:cpu", contract.LOCAL_BASE):
+        assert _run([*store, "commit", "--quiet", empty, tag]).returncode == 0
+    working = _run([*store, "from", "localhost/magi2studio:cpu"]).stdout.strip()
+    from_base = _run([*store, "from", contract.LOCAL_BASE]).stdout.strip()
+    assert working and from_base
+
+    ours = ["localhost/magi2studio:cpu", "localhost/magi2studio:cpu-0123456789ab"]
+    assert remove_earlier_runs(store, scratch) == ours
+    names = _run([*store, "images", "--format", "{{.Name}}:{{.Tag}}"]).stdout.split()
+    assert names == [contract.LOCAL_BASE]
+    left = json.loads(_run([*store, "containers", "--json"]).stdout or "null") or []
+    assert [c["containername"] for c in left] == [empty]  # only the one made from scratch, not this project's
+    assert sorted(p.name for p in scratch.iterdir()) == ["storage456"]
+
+
 @pytest.fixture(scope="module")
 def image_build(tmp_path_factory) -> Built:
     """The first build, and no container yet: vfs copies the whole image into every container, so the second
     build (the first test) runs before one exists. The tags this module made go at its end: each image is ~3 GB."""
+    before = _free_gb("/var/lib/containers")
+    removed = remove_earlier_runs()
+    print(f"\nearlier runs' images removed: {removed or 'none'} ({before} before, {_free_gb('/var/lib/containers')} "
+          "after)", file=sys.stderr)
     clone = tmp_path_factory.mktemp("checkout") / "magi2studio"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
     revision = _run(["git", "-C", str(clone), "rev-parse", "HEAD"]).stdout.strip()
