@@ -419,7 +419,7 @@ class EngineSlot:
         state, message = outcome.state, outcome.message
         if state == "cancelled" and self._closed:
             state = "interrupted"
-            message = (f"studio: shutting down; job #{record.ticket} stopped at a step boundary and is marked "
+            message = (f"studio: shutting down; job #{record.ticket} stopped {outcome.where} and is marked "
                        "interrupted, no run folder was kept. Fix: run it again once the studio is back")
         self._finish(record, job, state, message, outcome)
 

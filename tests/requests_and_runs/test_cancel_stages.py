@@ -81,11 +81,13 @@ def test_a_cancel_while_the_engine_starts_stops_its_ranks_at_once_and_the_next_j
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["decode_video", "decode_audio", "mux"])
-def test_a_cancel_at_a_decode_or_the_mux_ends_cancelled_with_no_run_folder(engine, stage, tmp_path):
+@pytest.mark.parametrize(("stage", "delay_s"), [("decode_video", 0.0), ("decode_video", 0.5), ("decode_audio", 0.0),
+                                                ("mux", 0.0)])
+def test_a_cancel_at_or_in_a_decode_or_the_mux_ends_cancelled_with_no_run_folder(engine, stage, delay_s, tmp_path):
+    """0.5 s into decode video (about 2 s here), the cancel lands at decode audio's start."""
     pids = engine._pool.pids
-    outcome, took = run_job(engine, "sp1-cfg1", tmp_path, cancel_at=stage)
-    print(f"cancel at {stage}: {took:.2f} s to the job's end ({outcome.message})")
+    outcome, took = run_job(engine, "sp1-cfg1", tmp_path, cancel_at=stage, delay_s=delay_s)
+    print(f"cancel {delay_s} s into {stage}: {took:.2f} s to the job's end ({outcome.message})")
     assert outcome.state == "cancelled", outcome.message
     assert took < BOUND_S
     assert folders(tmp_path) == []
