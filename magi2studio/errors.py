@@ -32,7 +32,12 @@ class EngineError(RuntimeError):
 
 
 class Cancelled(RuntimeError):
-    """The user stopped the run at a step boundary."""
+    """The user stopped the run: at a step boundary, or ``where`` else (a stage boundary, the engine's start,
+    the run folder's writing); the job's message says where, so a cancel is never mistaken for a step's."""
+
+    def __init__(self, message: str = "", *, where: str = "at a step boundary") -> None:
+        super().__init__(message)
+        self.where = where
 
 
 class Terminated(BaseException):

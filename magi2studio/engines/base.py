@@ -144,8 +144,11 @@ class Engine(ABC):
         return Plan(request, tier, layout, MappingProxyType(self.resolve(request, tier, layout)), warnings)
 
     @abstractmethod
-    def start(self, layout: Layout) -> bool:
-        """Make the engine ready for ``layout``; return True if that (re)started it."""
+    def start(self, layout: Layout, *, cancel: threading.Event | None = None) -> bool:
+        """Make the engine ready for ``layout``; return True if that (re)started it.
+
+        Raises Cancelled (``where`` "while the engine started") if ``cancel`` is set during a start it
+        can stop; an engine whose start does no long work may ignore it."""
 
     def not_ready(self) -> str | None:
         """Why this engine cannot take a job of any tier now, or None when it can take one.
@@ -174,7 +177,7 @@ class Engine(ABC):
         on_progress: ProgressCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> Generation:
-        """Run one plan on the started layout. Raises Cancelled at a step boundary."""
+        """Run one plan on the started layout. Raises Cancelled at a step (or stage) boundary."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -82,6 +82,7 @@ class Outcome:
     run: Any = None  # runs.RunFolder
     error: InputError | None = None
     message: str = ""
+    where: str = ""  # cancelled: where it landed (Cancelled.where), e.g. "while the engine started"
 
 
 def execute_job(engine, plan, outputs_root: Path, record: JobRecord, *, on_progress=None,
@@ -108,14 +109,14 @@ def execute_job(engine, plan, outputs_root: Path, record: JobRecord, *, on_progr
             if on_progress is not None:
                 on_progress(Progress("load", message=f"starting the engine for layout {plan.layout.name}"))
             began = time.monotonic()
-            engine.start(plan.layout)
+            engine.start(plan.layout, cancel=cancel)
             studio["engine_start_s"] = round(time.monotonic() - began, 3)
         run = runs.execute_plan(engine, plan, outputs_root, on_progress=on_progress, cancel=cancel,
                                 extra={"studio": studio})
     except InputError as err:
         return Outcome("refused", error=err, message=str(err))
     except Cancelled as err:
-        return Outcome("cancelled", message=f"cancelled at a step boundary; no run folder was kept ({err})")
+        return Outcome("cancelled", message=f"cancelled {err.where}; no run folder was kept ({err})", where=err.where)
     except OSError as err:  # the disk or the OS refused a write: the CLI's words, not a traceback
         log.warning("job %d could not be written: %s", record.ticket, err)
         return Outcome("failed", message=describe_os_error(err))

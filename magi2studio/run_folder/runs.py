@@ -30,7 +30,7 @@ from .. import determinism, media
 from . import provenance
 from ..engines import ENGINE_NAMES
 from ..engines.base import Engine, Generation, Plan, Progress, ProgressCallback
-from ..errors import InputError, os_error_naming
+from ..errors import Cancelled, InputError, os_error_naming
 from ..vocabulary.layouts import Layout, parse_layout
 from ..vocabulary.paths import read_text
 from ..vocabulary.request import Request, build_request
@@ -282,9 +282,17 @@ def _naming_the_file(name: str, root: Path) -> Iterator[None]:
         raise os_error_naming(err, f"{name} of the run folder being written in {root}") from err
 
 
+def _stop_if_cancelled(cancel: threading.Event | None, what: str) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled(what, where="before the run folder was written")
+
+
 def write_run(root: Path, plan: Plan, generation: Generation, started: float,
-              extra: dict[str, Any] | None = None) -> RunFolder:
-    """Write every file into a temp folder, then rename it into place under its run id."""
+              extra: dict[str, Any] | None = None, cancel: threading.Event | None = None) -> RunFolder:
+    """Write every file into a temp folder, then rename it into place under its run id.
+
+    ``cancel`` is checked before each file and before the rename (the last point a cancel can land:
+    after it the run is done); a cancel removes the temp folder, so no run folder appears."""
 
     request = plan.request
     root = check_outputs_root(root)
@@ -306,6 +314,7 @@ def write_run(root: Path, plan: Plan, generation: Generation, started: float,
         }
         t0 = time.perf_counter()
         for name, write in writers.items():
+            _stop_if_cancelled(cancel, f"stopped while writing the run folder, before {name}; nothing was kept")
             with _naming_the_file(name, root):
                 write(temp / name)
         manifest["timing"]["stage_ms"]["mux"] = (time.perf_counter() - t0) * 1e3
@@ -313,6 +322,7 @@ def write_run(root: Path, plan: Plan, generation: Generation, started: float,
         with _naming_the_file("manifest.json", root):
             (temp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False), encoding="utf-8")
         final = root / f"{stem}-{run_id_of(temp)}"
+        _stop_if_cancelled(cancel, "stopped with the run folder written but not yet in place; nothing was kept")
         os.chmod(temp, 0o755)
         os.rename(temp, final)
     except BaseException:
@@ -333,13 +343,17 @@ def execute(engine: Engine, request: Request, layout: Layout, outputs_root: Path
 def execute_plan(engine: Engine, plan: Plan, outputs_root: Path, *,
                  on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None,
                  extra: dict[str, Any] | None = None) -> RunFolder:
-    """(Re)start the engine for the plan's layout, generate, and write the run folder."""
+    """(Re)start the engine for the plan's layout, generate, and write the run folder.
+
+    ``cancel`` reaches the engine's start and run, and is checked again before and while the folder is
+    written, so a cancel that lands after the last step (in a decode, in the mux) still keeps no folder."""
 
     check_outputs_root(outputs_root)
     started = time.time()
-    if engine.start(plan.layout) and on_progress is not None:
+    if engine.start(plan.layout, cancel=cancel) and on_progress is not None:
         on_progress(Progress("load", message=f"engine started for layout {plan.layout.name}"))
     generation = engine.generate(plan, on_progress=on_progress, cancel=cancel)
+    _stop_if_cancelled(cancel, "stopped after the engine's run, before the run folder was written")
     if on_progress is not None:
         on_progress(Progress("mux", message="writing the run folder"))
-    return write_run(outputs_root, plan, generation, started, extra)
+    return write_run(outputs_root, plan, generation, started, extra, cancel)

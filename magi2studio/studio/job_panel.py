@@ -194,7 +194,7 @@ class JobPanel:
                 if not slot.cancel_job(record.id):
                     raise InputError("job", f"#{record.ticket} is {record.state}",
                                      "only waiting or running jobs can be cancelled")
-                return f"#{record.ticket}: cancelling (a running job stops at its next step boundary)", None
+                return f"#{record.ticket}: cancelling (a running job stops at its next step or stage boundary)", None
             if action in ("up", "down"):
                 position = slot.steer("move", record.id, -1 if action == "up" else 1)
                 return f"#{record.ticket} moved {action}: position {position}", None

@@ -212,12 +212,12 @@ class EngineSlot:
                 job.plan = plan
 
     def cancel(self, owner: str) -> bool:
-        """Cancel the owner's running or waiting jobs; the run stops at its next step boundary."""
+        """Cancel the owner's running or waiting jobs; the run stops at its next step or stage boundary."""
         ids = [record.id for record in self.snapshot().jobs if record.pending and record.owner == owner]
         return any([self.cancel_job(job_id) for job_id in ids])
 
     def cancel_job(self, job_id: str) -> bool:
-        """Cancel one running or waiting job by its id; the run stops at its next step boundary."""
+        """Cancel one running or waiting job by its id; the run stops at its next step or stage boundary."""
         try:
             self.queue.cancel(job_id)
         except InputError:
@@ -236,7 +236,7 @@ class EngineSlot:
 
     def client_gone(self, job: Job) -> None:
         """The API client following ``job`` disconnected: nobody will take its result, so the job is
-        cancelled (a waiting one never runs, a running one stops at its next step boundary). Not
+        cancelled (a waiting one never runs, a running one stops at its next step or stage boundary). Not
         while the studio shuts down: then the job is marked as the shutdown says."""
         if self._closed:
             return
@@ -419,7 +419,7 @@ class EngineSlot:
         state, message = outcome.state, outcome.message
         if state == "cancelled" and self._closed:
             state = "interrupted"
-            message = (f"studio: shutting down; job #{record.ticket} stopped at a step boundary and is marked "
+            message = (f"studio: shutting down; job #{record.ticket} stopped {outcome.where} and is marked "
                        "interrupted, no run folder was kept. Fix: run it again once the studio is back")
         self._finish(record, job, state, message, outcome)
 

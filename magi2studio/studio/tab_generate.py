@@ -34,7 +34,7 @@ from .progress_line import progress_html
 log = logging.getLogger(__name__)
 
 TAB_ID = "generate"
-CANCELLING = "cancelling: the run stops at the next step boundary"
+CANCELLING = "cancelling: the run stops at its next step or stage boundary"
 REFUSED = "refused: the marked field says why and how to fix it"
 
 
@@ -313,7 +313,7 @@ def build(ctx: StudioContext) -> None:
             return (f"job_id: {str(job_id)[:40]!r} was queued by another client. Fix: cancel from the session that "
                     "queued it (the same gradio_client Client, or the same session_hash in raw /call requests)")
         if record is not None and ctx.slot.cancel_job(record.id):
-            return "cancelling: the run stops at the next step boundary"
+            return "cancelling: the run stops at its next step or stage boundary"
         return f"job_id: {str(job_id)[:40]!r} is not a waiting or running job. Fix: use the id from the queued line"
 
     def wire() -> None:

@@ -120,15 +120,26 @@ class EmbeddedEngine(Engine):
     def layout(self) -> Layout | None:
         return self._layout
 
-    def start(self, layout: Layout) -> bool:
+    def start(self, layout: Layout, *, cancel: threading.Event | None = None) -> bool:
+        """Start the layout's pool (the running one stopped first) unless it runs and is healthy.
+
+        A cancel during the start (Cancelled within the pool's 0.2 s poll) kills the half-started
+        ranks rather than letting them finish in the background: the user walked away from this
+        layout, the next job may want another, and a start finishing beside it would hold this lock
+        and the CPU that job needs. The engine is then left with no layout (the earlier one was
+        stopped before this start), so the next job starts its own pool from scratch.
+        """
+
         with self._lock:
             if self._pool is not None and self._pool.alive and self._layout == layout:
                 problem = self._pool.health()
                 if problem is None:
                     return False
                 log.warning("restarting the %s ranks before the run: %s", layout.name, problem)
+            if cancel is not None and cancel.is_set():  # before stopping the running pool for nothing
+                raise Cancelled("cancelled before the engine started", where="while the engine started")
             self._stop()
-            self._pool = RankPool(layout, self.checkpoint(), rank_timeout_s=self.rank_timeout_s)
+            self._pool = RankPool(layout, self.checkpoint(), rank_timeout_s=self.rank_timeout_s, cancel=cancel)
             self._layout = layout
             return True
 
@@ -205,7 +216,7 @@ class EmbeddedEngine(Engine):
 
         with self._lock:
             if cancel is not None and cancel.is_set():
-                raise Cancelled("cancelled before the run started")
+                raise Cancelled("cancelled before the run started", where="before the run started")
             pool = self._pool
             if pool is None or not pool.alive:
                 raise EngineError(f"the {self._layout.name} ranks were stopped by an earlier failure; "

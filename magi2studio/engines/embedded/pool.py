@@ -9,8 +9,10 @@ of one such process, so that a hung run never stops the studio's process and the
 watchdog reports it.
 
 Every rank reports each finished step to the parent (the events of :mod:`.rank`); rank 0 also
-reports stages and returns the frames and audio. Cancellation is a collective: at each step boundary every rank
-all-reduces (MAX) whether it has seen the shared cancel flag, so all stop at the same step.
+reports stages and returns the frames and audio. Cancellation is a collective: at each step boundary, and at
+each stage's start (encode, preview, refiner, decode_video, decode_audio), every rank all-reduces (MAX) whether it
+has seen the shared cancel flag, so all stop at the same step or stage. A cancel while the pool starts stops its
+ranks at once (see :class:`RankPool`).
 A rank that exits, raises or goes silent (the step watchdog: no step boundary for
 ``rank_timeout_s``, see :func:`magi2studio.engines.base.step_timeout_s`) ends the run with an
 :class:`EngineError` naming the rank and the step, and the pool is torn down (the next run
@@ -48,9 +50,15 @@ STARTUP_TIMEOUT_S = 300.0  # the start limit: every rank loaded and ready
 
 
 class RankPool:
-    """The ranks of one layout, started once and reused for every run on that layout."""
+    """The ranks of one layout, started once and reused for every run on that layout.
 
-    def __init__(self, layout: Layout, checkpoint: Path, *, rank_timeout_s: float) -> None:
+    ``cancel`` set while the ranks start (spawn, import, rendezvous, load: 10-20 s on a 2-core machine)
+    kills them within the 0.2 s poll and raises Cancelled: a half-started pool is of no use to a layout
+    the user walked away from, and letting it finish would hold the engine and the CPU the next job needs.
+    """
+
+    def __init__(self, layout: Layout, checkpoint: Path, *, rank_timeout_s: float,
+                 cancel: threading.Event | None = None) -> None:
         import torch.multiprocessing as mp
 
         from .upstream_patches import free_port
@@ -77,11 +85,18 @@ class RankPool:
         self.alive = True
         self.checkpoint = checkpoint
         self.loaded_weights: dict[int, int] = {}
+        began = time.monotonic()
+
+        def stop_if_cancelled() -> None:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"the {layout.name} ranks were stopped {time.monotonic() - began:.1f} s into their "
+                                "start", where="while the engine started")
+
         try:
             ready = self.loaded_weights
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while len(ready) < layout.world_size:
-                event = self._next_event(deadline, "starting", {})
+                event = self._next_event(deadline, "starting", {}, stop_if_cancelled)
                 if event is None:
                     waiting = [rank for rank in range(layout.world_size) if rank not in ready]
                     raise EngineError(f"{_ranks(waiting)} of layout {layout.name} did not start within the "
@@ -109,14 +124,18 @@ class RankPool:
                 return f"rank {rank} is {'stopped' if state in 'Tt' else 'gone'} (state {state}) while idle"
         return None
 
-    def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int, str]]) -> RankEvent | None:
-        """The next event from any rank, or None past ``deadline``; raise EngineError on a dead rank."""
+    def _next_event(self, deadline: float, phase: str, last_step: dict[int, tuple[int, int, str]],
+                    poll: Callable[[], None]) -> RankEvent | None:
+        """The next event from any rank, or None past ``deadline``; raise EngineError on a dead rank.
+
+        ``poll`` runs every 0.2 s of waiting (a cancel check), so a cancel needs no event to be seen."""
 
         while True:
             try:
                 return self._events.get(timeout=0.2)
             except queue.Empty:
                 pass
+            poll()
             for rank, proc in enumerate(self._procs):
                 if proc.exitcode is not None:
                     raise EngineError(
@@ -175,18 +194,22 @@ class RankPool:
         if not self.alive:
             raise EngineError(f"the {self.layout.name} pool was stopped; start the engine again")
         self._cancel.clear()
+
+        def forward_cancel() -> None:
+            if cancel is not None and cancel.is_set():
+                self._cancel.set()
+
         for jobs in self._jobs:
             jobs.put(job)
         done: dict[int, RankDone] = {}
-        cancelled: dict[int, str] = {}
+        cancelled: dict[int, RankCancelled] = {}
         last_step: dict[int, tuple[int, int, str]] = {}
         marks: dict[int, tuple[int, int]] = {}  # per rank: step boundaries passed, steps finished
         try:
             deadline = time.monotonic() + self.rank_timeout_s
             while len(done) + len(cancelled) < len(self._procs):
-                if cancel is not None and cancel.is_set():
-                    self._cancel.set()
-                event = self._next_event(deadline, "running", last_step)
+                forward_cancel()
+                event = self._next_event(deadline, "running", last_step, forward_cancel)
                 if event is None:
                     raise self._stalled(marks, last_step)
                 deadline = time.monotonic() + self.rank_timeout_s
@@ -196,17 +219,18 @@ class RankPool:
                     last_step[event.rank] = (event.index, event.total, event.stage)
                     if event.rank == 0:
                         on_event(event)
-                        if cancel is not None and cancel.is_set():
-                            self._cancel.set()
+                        forward_cancel()
                         self._acks.put(event.index)
                 elif isinstance(event, StepPassed):
                     marks[event.rank] = (passed + 1, finished)
-                elif isinstance(event, StageStarted):
+                elif isinstance(event, StageStarted):  # rank 0 waits for this ack, as for a step's
                     on_event(event)
+                    forward_cancel()
+                    self._acks.put(event.name)
                 elif isinstance(event, RankDone):
                     done[event.rank] = event
                 elif isinstance(event, RankCancelled):
-                    cancelled[event.rank] = event.message
+                    cancelled[event.rank] = event
                 elif isinstance(event, RankFailed):
                     self._blame_dead_rank(event.rank, last_step)
                     raise EngineError(f"rank {event.rank} of layout {self.layout.name} failed"
@@ -219,7 +243,8 @@ class RankPool:
                 self.close(grace_s=0.0)
                 raise EngineError(f"ranks {sorted(cancelled)} stopped but {sorted(done)} finished; "
                                   "the pool was stopped")
-            raise Cancelled(cancelled[min(cancelled)])
+            first = cancelled[min(cancelled)]
+            raise Cancelled(first.message, where=first.where)
         records = [record for rank in sorted(done) for record in done[rank].step_records]
         out = done[0].output
         return JobResult(out.frames, out.audio, out.stage_ms, out.negative_prompt_source, records,

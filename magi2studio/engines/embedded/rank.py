@@ -78,7 +78,8 @@ class RankReady(RankEvent):
 
 @dataclass(frozen=True)
 class StageStarted(RankEvent):
-    """Rank 0 began a stage (encode, preview, refiner, decode_video, decode_audio)."""
+    """Rank 0 began a stage (encode, preview, refiner, decode_video, decode_audio); it waits for the parent's
+    ack, then every rank votes on the cancel flag, as at a step boundary."""
 
     name: str
 
@@ -108,6 +109,7 @@ class RankDone(RankEvent):
 @dataclass(frozen=True)
 class RankCancelled(RankEvent):
     message: str
+    where: str = "at a step boundary"  # Cancelled.where
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,13 @@ def rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, check
             break
         current_step = {"index": 0}
 
+        def vote(stopped: Callable[[], Cancelled]) -> None:
+            """Every rank together: stop if any has seen the cancel flag (MAX), so none waits on another."""
+            flag = torch.tensor([1 if cancel_flag.is_set() else 0], dtype=torch.int32, device=flag_device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if int(flag.item()):
+                raise stopped()
+
         def on_step(stage: str, index: int, total: int) -> None:
             events.put(StepFinished(rank, stage, index, total))
             current_step["index"] = index + 1
@@ -214,23 +223,24 @@ def rank_main(rank: int, layout: tuple[int, int], port: int, backend: str, check
                 # Wait until the parent has handled this step's progress (which may cancel), so
                 # a cancel raised by step i's event stops every rank at step i's boundary.
                 acks.get()
-            flag = torch.tensor([1 if cancel_flag.is_set() else 0], dtype=torch.int32, device=flag_device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if int(flag.item()):
-                raise stopped_at(stage, index, total)
+            vote(lambda: stopped_at(stage, index, total))
             if fault is not None and index + 1 == fault[0]:
                 _fail(fault[1], rank, index + 1)
             events.put(StepPassed(rank, index))
 
         def on_stage(name: str) -> None:
+            # Every rank runs the same stages, so this is a boundary all of them reach: a cancel during
+            # denoising's last step or a decode lands before the next stage, not after the run.
             if rank == 0:
                 events.put(StageStarted(rank, name))
+                acks.get()
+            vote(lambda: Cancelled(f"stopped before {name}", where="at a stage boundary"))
 
         try:
             out, records = run_job(driver, job, rank=rank, world_size=sp * cfg, on_step=on_step, on_stage=on_stage)
             events.put(RankDone(rank, records, out if rank == 0 else None))
         except Cancelled as err:
-            events.put(RankCancelled(rank, str(err)))
+            events.put(RankCancelled(rank, str(err), err.where))
         except BaseException:
             events.put(RankFailed(rank, current_step["index"], traceback.format_exc()))
             return

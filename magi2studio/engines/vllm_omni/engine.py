@@ -120,12 +120,13 @@ class VllmOmniEngine(Engine):
     def layout(self) -> Layout | None:
         return self._layout
 
-    def start(self, layout: Layout) -> bool:
+    def start(self, layout: Layout, *, cancel: threading.Event | None = None) -> bool:
         """Select ``layout``: stop a child of another layout and check the weights.
 
         The child itself starts at the first request, because the compile mode and the
         deterministic flag (fixed when ``Omni`` is built) come with the request; starting
-        here with defaults would cost a second 114B-model load whenever they differ.
+        here with defaults would cost a second 114B-model load whenever they differ. So this
+        does no long work and ignores ``cancel``: ``generate`` watches it while the child starts.
         """
 
         if layout == self._layout:

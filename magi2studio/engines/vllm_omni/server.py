@@ -157,8 +157,10 @@ class VllmOmniServerEngine(Engine):
     def layout(self) -> Layout | None:
         return self._layout
 
-    def start(self, layout: Layout) -> bool:
-        """Check the server is up and that ``layout`` is the one it was launched with (or assumed)."""
+    def start(self, layout: Layout, *, cancel: threading.Event | None = None) -> bool:
+        """Check the server is up and that ``layout`` is the one it was launched with (or assumed).
+
+        One probe, no long work: ``cancel`` is ``generate``'s to watch."""
 
         fixed = self.server_layout or self._layout
         if fixed is not None and layout != fixed:
