@@ -400,6 +400,8 @@ def judge(facts: Facts, seen: Observation, caption: str = "") -> Score:
     detail = (f"bounce frames {list(video.bounce_frames)}, beep frames {beep_frames}"
               if len(beep_frames) <= 20 else f"{len(beep_frames)} beeps heard")
     matched = bounces > 0 and within == 1.0 and extra == 0
+    if not bounces:  # not "0/0 bounces": nothing in the video to time the beeps against
+        observed = f"no bounce seen in the video, {len(beep_frames)} beeps heard"
     if heard.loud_share >= CONTINUOUS_TONE_SHARE:  # not "0/0 bounces": say what is heard
         observed = f"a continuous tone (loud for {heard.loud_share:.0%} of the clip), no separate beeps"
         matched, within = False, 0.0

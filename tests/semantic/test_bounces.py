@@ -90,3 +90,11 @@ def test_a_hop_s_floor_contacts_are_bounces_on_the_code_s_pictures_and_its_smoot
     smooth = dataclasses.replace(scene, centres=np.stack([scene.centres[:, 0], bob], axis=1), bounce_times=())
     seen_smooth = analyse_video(smooth.frames())
     assert seen_smooth.motion == scene.facts.motion and seen_smooth.bounce_frames == (), seen_smooth.motion
+
+
+def test_beeps_with_no_bounce_in_the_video_are_said_so_not_counted_as_0_of_0(code_clips):
+    scene, _, _ = code_clips[0]
+    still = dataclasses.replace(scene, centres=np.repeat(scene.centres[:1], len(scene.centres), axis=0))
+    beeps = judge(scene.facts, observe(code_clip(still), scene.audio(), scene.fps, scene.sample_rate)).verdict("beeps")
+    assert beeps.match is False, beeps.line()
+    assert beeps.observed == f"no bounce seen in the video, {len(scene.bounce_times)} beeps heard", beeps.line()
