@@ -74,8 +74,25 @@ def image_digest(path: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def run_key(request: dict[str, Any], layout_name: str, engine_name: str) -> str | None:
-    """What makes two runs of an entry the same run: the request by content, the layout and the engine.
+def weights_identity(engine_info: dict[str, Any]) -> str | None:
+    """Which weights an embedded run ran, as its manifest's ``engine`` block records them: the
+    checkpoint's tree sha256, or ``random`` (also a manifest from before weights were recorded).
+    None for an engine whose runs record no weights choice."""
+
+    if not engine_info.get("embedded"):
+        return None
+    return engine_info.get("weights_sha256") or "random"
+
+
+def engine_weights(engine) -> str | None:
+    """:func:`weights_identity` of the runs ``engine`` would write now (its weights, not the manifest's)."""
+
+    return weights_identity(engine.info()) if getattr(engine, "name", None) == "embedded" else None
+
+
+def run_key(request: dict[str, Any], layout_name: str, engine_name: str, weights: str | None = None) -> str | None:
+    """What makes two runs of an entry the same run: the request by content, the layout, the engine and
+    its weights (:func:`weights_identity`: a run of other weights has other hashes).
 
     The prompt file's path is left out (its text is the request's prompt) and the image is
     taken by its sha256, so a set that was moved or uploaded again still resumes. None when
@@ -89,14 +106,16 @@ def run_key(request: dict[str, Any], layout_name: str, engine_name: str) -> str 
             return None
         stat = image.stat()
         content["image"] = image_digest(str(image.resolve()), stat.st_mtime_ns, stat.st_size)
-    text = json.dumps({"request": content, "layout": layout_name, "engine": engine_name}, sort_keys=True)
+    text = json.dumps({"request": content, "layout": layout_name, "engine": engine_name, "weights": weights},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def manifest_key(manifest: dict[str, Any]) -> str | None:
     try:
-        return run_key(manifest["request"], manifest["layout"]["name"], manifest["engine"]["name"])
-    except (KeyError, TypeError):
+        return run_key(manifest["request"], manifest["layout"]["name"], manifest["engine"]["name"],
+                       weights_identity(manifest["engine"]))
+    except (KeyError, TypeError, AttributeError):
         return None
 
 
@@ -146,11 +165,12 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
               engine_options: dict[str, Any] | None = None, runs_root: Path | None = None,
               run_entry: RunEntry | None = None, reference: dict[str, Any] | None = None,
               reference_path: str | None = None, on_event: EventCallback | None = None,
-              cancel: threading.Event | None = None) -> dict[str, Any]:
+              cancel: threading.Event | None = None, weights: str | None = None) -> dict[str, Any]:
     """Run every entry not already done; return the report (also written under ``out``).
 
     Runs go to ``runs_root`` (default ``out/runs``) on an engine of this process, or through
-    ``run_entry`` when the caller owns the engine (the studio's shared slot).
+    ``run_entry`` when the caller owns the engine (the studio's shared slot); that caller passes
+    ``weights`` (:func:`engine_weights` of its engine), so only runs of those weights resume.
     """
 
     from ..engines import get_engine
@@ -161,6 +181,7 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
         for sample in {s.request.tier: s for s in sample_set.samples}.values():
             engine.plan(sample.request, layout)  # a layout this engine cannot run is refused before any run
         close = engine.close
+        weights = engine_weights(engine)
 
         def run_entry(sample, extra, on_progress, cancel_event):
             return execute(engine, sample.request, layout, runs_root, cancel=cancel_event, extra=extra,
@@ -179,7 +200,7 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
             request = sample.request
             result = SampleResult(sample.index, sample.name, "ran", request.mode, request.seed, sample.seed_source,
                                   request.tier, layout.name, steps=request.steps)
-            key = run_key(request.model_dump(mode="json"), layout.name, engine_name)
+            key = run_key(request.model_dump(mode="json"), layout.name, engine_name, weights)
             existing = find_complete_run(runs_root, key) if key else None
             emit("start", result, None)
             try:
@@ -221,8 +242,9 @@ def reproduce(sample_set: SampleSet, *, engine_name: str, layout: Layout, out: P
 def uncheckable_notes(engine_name: str, reference: dict[str, Any] | None) -> list[str]:
     notes = []
     if engine_name == "embedded":
-        notes.append("This run used the embedded engine: upstream's MAGI-2 code at a tiny configuration with "
-                     "generated weights on CPU. Its hashes and ms/step describe that engine only; no published "
+        notes.append("This run used the embedded engine: upstream's MAGI-2 code at a tiny configuration with tiny "
+                     "weights (the shipped trained checkpoint, seeded random ones or a checkpoint folder: each run's "
+                     "manifest names them) on CPU. Its hashes and ms/step describe that engine only; no published "
                      "hash or timing of the 114B model can be checked with it.")
     if reference is not None:
         for name, entry in reference["samples"].items():

@@ -16,7 +16,7 @@ import gradio as gr
 from ..errors import Cancelled, EngineError, InputError, describe_os_error
 from ..reproduction.references import BUNDLED_REFERENCES, load_reference
 from ..vocabulary.request import whole_number
-from ..reproduction.reproduce import reproduce
+from ..reproduction.reproduce import engine_weights, reproduce
 from ..reproduction.samples import BUNDLED_ALIAS, SEED_POLICIES, load_sample_set
 from ..engines.timing import EXCLUDED_STEPS
 from . import layout_picker as LP
@@ -148,7 +148,7 @@ def build(ctx: StudioContext) -> None:
             return reproduce(sample_set, engine_name=ctx.capabilities.engine, layout=chosen_layout, out=out,
                              runs_root=ctx.outputs_root, run_entry=through_slot, reference=reference,
                              reference_path=str(reference_path) if reference_path else None, cancel=cancel,
-                             on_event=emit)
+                             on_event=emit, weights=engine_weights(ctx.engine))
 
         def remove_staged():  # the staged upload is read; it goes with the run
             if staged is not None:

@@ -133,3 +133,29 @@ def test_resume_takes_a_run_folder_only_while_it_verifies(tmp_path):
     manifest_file.write_text(json.dumps(manifest, indent=1))
     assert manifest_key(manifest) == key
     assert find_complete_run(tmp_path, key) is None
+
+
+def test_resume_takes_only_a_run_of_the_same_weights(tmp_path):
+    """A set begun under the seeded random weights (yesterday's default) and resumed under the shipped
+    checkpoint (today's) runs its entries again: the old folders' hashes are another model's."""
+    import time
+
+    import numpy as np
+
+    from magi2studio.engines.base import Generation, Plan
+    from magi2studio.engines.embedded.engine import EmbeddedEngine
+    from magi2studio.reproduction.reproduce import engine_weights, find_complete_run
+    from magi2studio.run_folder import runs
+    from magi2studio.vocabulary.layouts import parse_layout
+    from magi2studio.vocabulary.tiers import get_tier
+
+    request = build_request(prompt="a red circle on grey", steps=1)
+    random_info = EmbeddedEngine(weights="random").info()
+    generation = Generation(frames=np.full((8, 64, 64, 3), 90, dtype=np.uint8),
+                            audio=np.zeros((4410, 2), dtype=np.float32), fps=24.0, sample_rate=44100,
+                            step_records=[], stage_ms={}, resolved={"steps": 1}, engine_info=random_info)
+    plan = Plan(request, get_tier(request.tier), parse_layout("sp1-cfg1"), generation.resolved)
+    folder = runs.write_run(tmp_path, plan, generation, time.time()).path
+    fields = (request.model_dump(mode="json"), "sp1-cfg1", "embedded")
+    assert find_complete_run(tmp_path, run_key(*fields, engine_weights(EmbeddedEngine(weights="random")))) == folder
+    assert find_complete_run(tmp_path, run_key(*fields, engine_weights(EmbeddedEngine(weights="trained")))) is None
