@@ -1,7 +1,7 @@
 """The engine interface: what the CLI, the studio and reproduction drive, whatever runs below.
 
 Two engines implement it: ``embedded`` (upstream's MAGI-2 code at a tiny configuration,
-CPU, generated weights) and ``vllm-omni`` (the real pipeline on MUSA/CUDA GPUs). Engines
+CPU, tiny trained or seeded weights) and ``vllm-omni`` (the real pipeline on MUSA/CUDA GPUs). Engines
 return arrays; :mod:`magi2studio.run_folder.runs` turns them into a run folder the same way for both.
 """
 

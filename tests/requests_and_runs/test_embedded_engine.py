@@ -142,7 +142,7 @@ def test_the_default_weights_are_the_trained_ones_and_replay_runs_what_the_run_r
     (folder,) = [p for p in out.iterdir() if runs.is_complete(p)]
     engine = json.loads((folder / "manifest.json").read_text())["engine"]
     assert engine["weights_sha256"] == TRAINED_SHA256
-    replay = _cli("replay", str(folder), cwd=tmp_path, weights="random")  # today's default would be random
+    replay = _cli("replay", str(folder), cwd=tmp_path, weights="random")  # $MAGI2_EMBEDDED_WEIGHTS asks for random
     assert replay.returncode == 0, replay.stdout + replay.stderr[-2000:]
     assert "frames_sha256: match" in replay.stdout and "pcm_sha256: match" in replay.stdout
 

@@ -1,4 +1,4 @@
-"""The embedded engine (upstream MAGI-2 code, tiny config, generated weights, CPU)."""
+"""The embedded engine (upstream MAGI-2 code, tiny config, tiny trained or seeded weights, CPU)."""
 
 from .engine import EmbeddedEngine
 
