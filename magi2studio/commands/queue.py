@@ -53,7 +53,8 @@ def register(sub) -> None:
     add.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
     add.add_argument("--engine", default="embedded", help="the engine that checks the request now "
                      "(the runner checks it again with its own)")
-    add.add_argument("--weights", default=None, help=WEIGHTS_HELP)
+    add.add_argument("--weights", default=None, help="the embedded weights the request is checked with now; a "
+                     "queued job runs on its runner's (queue run --weights, or the studio's $MAGI2_EMBEDDED_WEIGHTS)")
     add_server_arguments(add)
     add.set_defaults(func=add_job)
 
