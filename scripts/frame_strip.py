@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 2 <= args.frames <= 16:
         print(f"frame_strip.py: --frames: {args.frames} is out of range. Fix: use 2 to 16", file=sys.stderr)
         return 2
+    if not args.out.parent.is_dir():  # before the run is scored, not a traceback after it
+        print(f"frame_strip.py: out: {args.out.parent} is not a folder. Fix: create it or pick another --out",
+              file=sys.stderr)
+        return 2
 
     from magi2studio.errors import InputError
     from magi2studio.media import decode_mp4

@@ -33,3 +33,13 @@ def test_a_folder_that_is_not_a_run_is_one_line_and_nothing_written(tmp_path):
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and not out.exists() and not list(tmp_path.iterdir())
     assert done.stderr.strip().splitlines()[-1].startswith("frame_strip.py: run: ")
+
+
+def test_an_out_in_a_missing_folder_is_one_line_before_any_work(tmp_path):
+    """It used to be a FileNotFoundError traceback from the PNG's save, after the run was scored."""
+    out = tmp_path / "missing" / "strip.png"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "frame_strip.py"), str(tmp_path / "nope"),
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and not list(tmp_path.iterdir())
+    assert done.stderr.strip().splitlines() == [f"frame_strip.py: out: {out.parent} is not a folder. "
+                                                "Fix: create it or pick another --out"]
