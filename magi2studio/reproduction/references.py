@@ -21,7 +21,7 @@ REFERENCE_FORMAT = "magi2studio-reference/1"
 REFERENCES_DIR = Path(__file__).resolve().parents[1] / "data" / "references"
 BUNDLED_REFERENCES = {"blog": REFERENCES_DIR / "blog-272p.json"}
 HASH_KEYS = ("frames_sha256", "pcm_sha256")
-CONDITION_KEYS = ("engine", "mode", "tier", "steps", "seed", "compile", "layout", "device")
+CONDITION_KEYS = ("engine", "weights", "mode", "tier", "steps", "seed", "compile", "layout", "device")
 MIN_PREFIX = 8
 _HEX = re.compile(r"^[0-9a-f]+$")
 
@@ -96,10 +96,21 @@ def hash_verdict(reference_hashes: dict[str, str], manifest_hashes: dict[str, st
                      for key in differing]
 
 
+def weights_identity(engine_info: dict[str, Any]) -> str | None:
+    """Which weights an embedded run ran, as its manifest's ``engine`` block records them: the
+    checkpoint's tree sha256, or ``random`` (also a manifest from before weights were recorded).
+    None for an engine whose runs record no weights choice."""
+
+    if not engine_info.get("embedded"):
+        return None
+    return engine_info.get("weights_sha256") or "random"
+
+
 def run_conditions(manifest: dict[str, Any]) -> dict[str, Any]:
     request, resolved = manifest["request"], manifest.get("resolved", {})
     return {
         "engine": manifest.get("engine", {}).get("name"),
+        "weights": weights_identity(manifest.get("engine", {})),
         "mode": request["mode"],
         "tier": request["tier"],
         "steps": resolved.get("steps", request.get("steps")),
@@ -121,7 +132,9 @@ def timing_checks(reference_entry: dict[str, Any], manifest: dict[str, Any], gat
     actual = run_conditions(manifest)
     checks = []
     for figure in reference_entry.get("timing", []):
-        reasons = condition_differences({k: v for k, v in conditions.items() if k != "layout"}, actual)
+        # the weights' values do not change the work a step does: another checkpoint's ms/step still compares
+        reasons = condition_differences({k: v for k, v in conditions.items() if k not in ("layout", "weights")},
+                                        actual)
         if figure["layout"] != actual["layout"]:
             reasons.append(f"layout: figure {figure['layout']}, this run {actual['layout']}")
         check = {**figure, "measured_ms": gate_ms, "checkable": not reasons, "why_not": reasons}

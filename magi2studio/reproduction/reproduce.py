@@ -25,7 +25,7 @@ from ..errors import Cancelled, InputError
 from ..vocabulary.layouts import Layout
 from ..engines.base import ProgressCallback
 from .references import (DIFFERS, IDENTICAL, NOT_IN_REFERENCE, condition_differences, hash_verdict,
-                         run_conditions, timing_checks)
+                         run_conditions, timing_checks, weights_identity)
 from .reproduce_report import write_reports
 from ..run_folder.runs import RunFolder, check_outputs_root, execute, is_complete, verify_run
 from .samples import Sample, SampleSet
@@ -72,16 +72,6 @@ def image_digest(path: str, mtime_ns: int, size: int) -> str:
     """sha256 of an image, cached per (path, mtime, size): resuming compares many run folders."""
 
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def weights_identity(engine_info: dict[str, Any]) -> str | None:
-    """Which weights an embedded run ran, as its manifest's ``engine`` block records them: the
-    checkpoint's tree sha256, or ``random`` (also a manifest from before weights were recorded).
-    None for an engine whose runs record no weights choice."""
-
-    if not engine_info.get("embedded"):
-        return None
-    return engine_info.get("weights_sha256") or "random"
 
 
 def engine_weights(engine) -> str | None:

@@ -159,3 +159,31 @@ def test_resume_takes_only_a_run_of_the_same_weights(tmp_path):
     fields = (request.model_dump(mode="json"), "sp1-cfg1", "embedded")
     assert find_complete_run(tmp_path, run_key(*fields, engine_weights(EmbeddedEngine(weights="random")))) == folder
     assert find_complete_run(tmp_path, run_key(*fields, engine_weights(EmbeddedEngine(weights="trained")))) is None
+
+
+def test_a_recorded_reference_names_the_weights_a_run_of_other_weights_differs_by(tmp_path):
+    """A reference written from seeded random runs, checked against a run of the shipped checkpoint (the default
+    since the default changed): the verdict says the weights differ, not only the hashes; the ms/step compares."""
+    from magi2studio.engines.embedded.tiny_weights import TRAINED_SHA256
+    from magi2studio.reproduction.references import reference_from_report
+    from magi2studio.reproduction.reproduce import SampleResult, judge
+
+    def manifest(engine):
+        return {"request": {"mode": "t2va", "tier": "272p", "seed": 42, "steps": 3, "compile": None},
+                "resolved": {"steps": 3, "compile": "eager"}, "layout": {"name": "sp1-cfg1"}, "engine": engine,
+                "hashes": FULL, "created": "2026-12-06T00:00:00"}
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps(manifest({"name": "embedded", "embedded": True,
+                                                               "weights": "random"})))
+    report = {"samples": [{"name": "s", "run_path": str(folder), "run_name": "run", "gate_ms": 10.0}]}
+    reference = load_reference(write(tmp_path, reference_from_report(report, "random weights")))
+    trained = manifest({"name": "embedded", "embedded": True, "weights": "/x/tiny-trained",
+                        "weights_sha256": TRAINED_SHA256})
+    trained["hashes"] = {"frames_sha256": "c" * 64, "pcm_sha256": "d" * 64}
+    result = SampleResult(0, "s", "ran", "t2va", 42, "fixed", "272p", "sp1-cfg1", manifest=trained, gate_ms=10.5)
+    judge(result, reference)
+    assert result.verdict == DIFFERS
+    assert any(f"weights: reference random, this run {TRAINED_SHA256}" in note for note in result.verdict_notes)
+    assert result.timing[0]["checkable"]
