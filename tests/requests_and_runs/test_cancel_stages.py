@@ -112,3 +112,19 @@ def test_every_rank_stops_at_the_decode_boundary_and_the_pool_runs_the_next_job(
         assert engine._pool.pids == pids and "engine_start_s" not in following.run.manifest["studio"]
     finally:
         engine.close()
+
+
+def test_a_cancel_before_the_run_starts_leaves_no_preview_folder(engine, tmp_path, monkeypatch):
+    """A cancel between the engine's start and its run ("before the run started") used to leave the run's
+    empty magi2studio-preview-* folder in the temp folder: it was made before the cancel check."""
+    import tempfile
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    cancel = threading.Event()
+    cancel.set()
+    plan = engine.plan(REQUEST, parse_layout("sp1-cfg1"))
+    outcome = execute_job(engine, plan, tmp_path / "out", record("sp1-cfg1"), cancel=cancel)
+    assert outcome.state == "cancelled" and outcome.where == "before the run started", outcome.message
+    assert list(temp.iterdir()) == []

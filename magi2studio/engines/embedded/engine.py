@@ -201,8 +201,6 @@ class EmbeddedEngine(Engine):
         if self._preview_map is None:  # the decoder's files do not change while the engine lives
             self._preview_map = (map_for_decoder(decoder_digest(self.checkpoint() / "turbo_vae")),)
         preview_map = self._preview_map[0]
-        preview_dir = tempfile.mkdtemp(prefix="magi2studio-preview-")
-        newest = NewestPreview(preview_dir)
 
         def on_event(event: StageStarted | StepFinished) -> None:
             if on_progress is None:
@@ -221,6 +219,8 @@ class EmbeddedEngine(Engine):
             if pool is None or not pool.alive:
                 raise EngineError(f"the {self._layout.name} ranks were stopped by an earlier failure; "
                                   "start the engine again")
+            preview_dir = tempfile.mkdtemp(prefix="magi2studio-preview-")  # after the refusals: none leaves it
+            newest = NewestPreview(preview_dir)
             try:
                 job = Job.from_plan(plan, str(preview_map) if preview_map else None, preview_dir)
                 result = pool.run(job, on_event, cancel)
