@@ -161,7 +161,7 @@ def add_job(args: argparse.Namespace) -> int:
 def cancel_job(args: argparse.Namespace) -> int:
     job = _queue(args).cancel(args.job)
     print(f"#{job.ticket} {job.id[:8]}: " + ("cancelled" if job.state == "cancelled" else
-                                               "asked to stop; its runner stops it at the next step boundary"))
+                                               "asked to stop; its runner stops it at the next step or stage boundary"))
     return 0
 
 

@@ -191,7 +191,7 @@ def build(ctx: StudioContext) -> None:
         if not jobs.stop(owner):
             return "nothing of yours is running"
         ctx.slot.cancel(owner)
-        return "stopping at the next step boundary"
+        return "stopping at the next step or stage boundary"
 
     # The layout's preset stands where the old free-text layout stood; the custom SP / CFG / EP follow at the end.
     start.click(run_set, [source, upload, tier, layout.preset, seed, policy, steps, expect, expect_file, skip_missing,
