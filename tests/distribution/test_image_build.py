@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -65,19 +66,25 @@ def in_image(built: Built, *command: str, mounts: dict[str, tuple[Path, bool]] |
                  *command], timeout=timeout)
 
 
+def _ours(name: str) -> bool:
+    """A tag this module's builds make: ``cpu``, ``cpu-<revision>`` (build-image's) and the second build's. Not
+    a person's own images in the same store (``magi2studio:cuda``, ``:musa``, ``:mine``: scripts/test runs this)."""
+    return name == IMAGE or name == SECOND_BUILD or re.fullmatch(re.escape(IMAGE) + r"-[0-9a-f]{12}", name) is not None
+
+
 def remove_earlier_runs(buildah: list[str] = BUILDAH, scratch: Path = Path("/var/tmp")) -> list[str]:
-    """What earlier runs of this module left in a store that outlives them (CI's does): every image tagged
-    ``localhost/magi2studio:*`` (each build also tags ``cpu-<revision>``, and until 9df432e none was removed: ~3 GB
-    each under vfs), the working containers of any ``localhost/magi2studio*`` image (a killed build's too; the base
-    image itself stays), untagged images, and containers/storage's blob folders over an hour old in ``scratch``
-    (a build killed while committing leaves one as large as its layer). Returns the tags removed."""
+    """What earlier runs of this module left in a store that outlives them (CI's does): the images it tags
+    (:func:`_ours`: each build also tags ``cpu-<revision>``, and until 9df432e none was removed: ~3 GB each under
+    vfs), the working containers of those images and of the base (a killed build's; the base image itself stays),
+    untagged images, and containers/storage's blob folders over an hour old in ``scratch`` (a build killed while
+    committing leaves one as large as its layer). Returns the tags removed."""
     containers = json.loads(_run([*buildah, "containers", "--json"]).stdout or "null") or []
-    stale = [c["id"] for c in containers if (c.get("imagename") or "").startswith("localhost/magi2studio")]
+    stale = [c["id"] for c in containers
+             if _ours(c.get("imagename") or "") or (c.get("imagename") or "") == contract.LOCAL_BASE]
     if stale:
         _run([*buildah, "rm", *stale])
     images = json.loads(_run([*buildah, "images", "--json"]).stdout or "null") or []
-    tags = sorted({name for image in images for name in image.get("names") or []
-                   if name.startswith("localhost/magi2studio:")})
+    tags = sorted({name for image in images for name in image.get("names") or [] if _ours(name)})
     if tags:
         _run([*buildah, "rmi", "--force", *tags])
     _run([*buildah, "rmi", "--prune"])
@@ -95,18 +102,21 @@ def test_an_earlier_runs_images_and_containers_are_removed_and_the_base_kept(tmp
     os.utime(scratch / "storage123", (time.time() - 7200, time.time() - 7200))
     (scratch / "storage456").mkdir()  # a build's blob folder in use now
     empty = _run([*store, "from", "scratch"]).stdout.strip()
-    for tag in ("localhost/magi2studio:cpu-0123456789ab", "localhost/magi2studio:cpu", contract.LOCAL_BASE):
+    mine = "localhost/magi2studio:cuda"  # a person's own build in the same store: scripts/test runs this module
+    for tag in ("localhost/magi2studio:cpu-0123456789ab", "localhost/magi2studio:cpu", contract.LOCAL_BASE, mine):
         assert _run([*store, "commit", "--quiet", empty, tag]).returncode == 0
     working = _run([*store, "from", "localhost/magi2studio:cpu"]).stdout.strip()
     from_base = _run([*store, "from", contract.LOCAL_BASE]).stdout.strip()
-    assert working and from_base
+    from_mine = _run([*store, "from", mine]).stdout.strip()
+    assert working and from_base and from_mine
 
     ours = ["localhost/magi2studio:cpu", "localhost/magi2studio:cpu-0123456789ab"]
     assert remove_earlier_runs(store, scratch) == ours
     names = _run([*store, "images", "--format", "{{.Name}}:{{.Tag}}"]).stdout.split()
-    assert names == [contract.LOCAL_BASE]
+    assert sorted(names) == sorted([contract.LOCAL_BASE, mine])
     left = json.loads(_run([*store, "containers", "--json"]).stdout or "null") or []
-    assert [c["containername"] for c in left] == [empty]  # only the one made from scratch, not this project's
+    # the one made from scratch and the person's own, not this module's builds'
+    assert sorted(c["containername"] for c in left) == sorted([empty, from_mine])
     assert sorted(p.name for p in scratch.iterdir()) == ["storage456"]
 
 
