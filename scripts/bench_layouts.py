@@ -68,7 +68,7 @@ def main() -> None:
     finally:
         engine.close()
     report = {
-        "what": "embedded engine (tiny config, generated weights) per-layout step times on CPU over gloo: "
+        "what": f"embedded engine (tiny config, {engine.weights_note}) per-layout step times on CPU over gloo: "
                 "communication-bound toy figures, not GPU predictions",
         "metric": "per step the slowest rank; steps 0 and 1 dropped; mean of the rest",
         "steps": args.steps, "cpu_capability": determinism.cpu_capability(), "cpu_count": os.cpu_count(),
