@@ -49,7 +49,7 @@ def code_clips():
 
 def test_a_code_clip_shows_the_scene_s_bounces_and_its_beeps_match_through_a_run_folder(code_clips, tmp_path):
     for scene, frames, _ in code_clips:
-        assert len(np.unique(frames.reshape(len(frames), -1), axis=0)) <= 49  # held pictures, not 125
+        assert len({frame.tobytes() for frame in frames}) <= 49  # held pictures, not 125 (np.unique on rows: 4 min)
         beeps = score_run(write_scene_run(scene, tmp_path, frames=frames)).verdict("beeps")
         count = len(scene.bounce_times)
         assert beeps.match is True and beeps.observed.startswith(f"{count}/{count} bounces"), beeps.line()
