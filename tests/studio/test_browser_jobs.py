@@ -39,9 +39,9 @@ def test_a_queue_of_three_from_one_page_all_finish(studio, page):
     page.goto(studio.url)
     page.locator("#job-panel").wait_for()
     seeds = (9101, 9102, 9103)
-    # The first job is long enough (40 steps) that the other two are queued while it runs;
-    # the next two are short.
-    fill(page, "Three paper boats drift down a gutter in the rain; thunder far off.", seeds[0], 40)
+    # The first job is long enough (15 steps, about a minute here; 40 made this test 213 s) that the other two
+    # are queued while it runs; the next two are short.
+    fill(page, "Three paper boats drift down a gutter in the rain; thunder far off.", seeds[0], 15)
     page.locator("#generate").click()
     row(page, seeds[0]).locator("td", has_text=re.compile(r"^running$")).wait_for(timeout=60_000)
     page.locator("#steps input, #steps textarea").first.fill("3")
