@@ -139,16 +139,25 @@ def set_audio_decoder(decoder) -> None:
 # -- the DiT ----------------------------------------------------------------------------------
 @dataclass
 class Conditioning:
-    """Encoded prompts, cached per caption (the text encoder is frozen)."""
+    """Encoded prompts, cached per caption, and I2VA references, per example (both encoders are fixed)."""
 
     text_encoder: object
     negative: torch.Tensor
     cache: dict[str, torch.Tensor] = field(default_factory=dict)
+    references: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def text(self, caption: str) -> torch.Tensor:
         if caption not in self.cache:
             self.cache[caption] = self.text_encoder.encode(caption).float()
         return self.cache[caption]
+
+    def reference(self, index: int, example: Example, image_encoder) -> torch.Tensor:
+        """The example's first frame through the image encoder (most of an I2VA batch's CPU time if redone)."""
+
+        if index not in self.references:
+            pixels = torch.from_numpy(example.first_frame.astype(np.float32) / 127.5 - 1.0)
+            self.references[index] = image_encoder.encode_video(pixels.permute(2, 0, 1)[None, :, None])
+        return self.references[index]
 
 
 def flow_pair(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,8 +209,7 @@ def dit_batch(sampler, conditioning: Conditioning, image_encoder, text_encoder, 
         reference = {}
         if i2va:
             caption = Magi2Pipeline._ensure_figure_token(caption)
-            pixels = torch.from_numpy(example.first_frame.astype(np.float32) / 127.5 - 1.0)
-            latent = image_encoder.encode_video(pixels.permute(2, 0, 1)[None, :, None])
+            latent = conditioning.reference(index, example, image_encoder)
             patch = sampler.data_proxy.patch_size  # upstream counts the reference in tokens
             text = conditioning.text(caption)
             reference = {"ref_image_feat": latent.unsqueeze(1),

@@ -2,7 +2,8 @@
 
 import torch
 
-from magi2studio.training.on_device import batch_to, differentiable_upstream_paths
+from magi2studio.training.on_device import (batch_to, dense_mh_moe, differentiable_upstream_paths,
+                                            padded_attention_with_sink)
 
 
 def test_the_patched_cuda_paths_are_upstreams_torch_paths_with_gradients():
@@ -38,6 +39,61 @@ def test_the_patched_cuda_paths_are_upstreams_torch_paths_with_gradients():
     with differentiable_upstream_paths():
         routed = mh_moe.triton_mh_moe_forward(x, gather_ids, sorted_probs, offsets, *weights, deterministic=True)
     assert torch.equal(routed, reference)
+
+
+def _grads(function, inputs):
+    inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    output = function(*inputs)
+    (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum().backward()
+    return output.detach(), [t.grad for t in inputs]
+
+
+def test_the_gpus_batched_moe_and_attention_are_upstreams_loops_values_and_gradients():
+    """The GPU's sync-free forms (every expert dense, sequences padded) give upstream's loops' outputs and
+    gradients to float rounding: unequal sequences, GQA, softcap and the sink; routes with idle experts.
+    A wrong routing index (the probabilities of the next expert) or a missing key mask would not."""
+
+    from vllm_omni.diffusion.models.magi2 import attention, mh_moe
+
+    generator = torch.Generator().manual_seed(1)
+    cu = torch.tensor([0, 5, 6, 13, 21], dtype=torch.int32)  # lengths 5, 1, 7, 8
+    q = torch.randn(21, 4, 8, generator=generator)
+    k, v = (torch.randn(21, 2, 8, generator=generator) for _ in range(2))
+    sink = torch.randn(1, 4, generator=generator)
+    for softcap in (-1.0, 3.0):
+        def loop(q, k, v, sink):
+            return attention.torch_varlen_attention_with_sink(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                              softcap=softcap, sink=sink)
+
+        def padded(q, k, v, sink):
+            return padded_attention_with_sink(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, softcap=softcap, sink=sink)
+
+        want, want_grads = _grads(loop, [q, k, v, sink])
+        got, got_grads = _grads(padded, [q, k, v, sink])
+        assert torch.allclose(got, want, atol=1e-5)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            assert torch.allclose(g, w, atol=1e-5)
+
+    heads, tokens, experts, top_k, d_head, d_expert = 3, 11, 4, 2, 8, 6
+    x = torch.randn(tokens, heads, d_head, generator=generator)
+    logits = torch.randn(heads, tokens, experts, generator=generator)
+    logits[1, :, 3] = -9.0  # head 1's expert 3 gets no token
+    probs, indices = torch.softmax(logits, -1).topk(top_k, dim=-1)
+    gather_ids, sorted_probs, offsets = mh_moe.global_sort_routes(probs, indices, experts)
+    weights = [torch.randn(heads * experts, *shape, generator=generator) * 0.5
+               for shape in ((d_head, d_expert), (d_head, d_expert), (d_expert, d_head))]
+
+    def routed(forward, offsets):
+        return lambda x, p, *w: forward(x, gather_ids, p, offsets, *w)
+
+    want, want_grads = _grads(routed(mh_moe.torch_mh_moe_forward, offsets), [x, sorted_probs, *weights])
+    got, got_grads = _grads(routed(dense_mh_moe, offsets), [x, sorted_probs, *weights])
+    assert torch.allclose(got, want, atol=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert torch.allclose(g, w, atol=1e-5)
+    shifted = offsets.clone()
+    shifted[1:-1] += 1  # every slot read as the wrong expert's at a boundary
+    assert not torch.allclose(dense_mh_moe(x, gather_ids, sorted_probs, shifted, *weights), want, atol=1e-3)
 
 
 def test_every_tensor_of_a_batch_moves_and_the_cpus_batch_stays_as_it_is():
