@@ -9,6 +9,10 @@ checked and planned whole before any of it is queued, and queued whole or not at
 The same queue file as the studio (``<out>/queue.json``): ``add`` while a studio serves that
 outputs root and the studio runs the job; ``run`` works through the queue without a studio
 (one runner per outputs root: it refuses while a studio serves it).
+
+A job keeps the embedded weights it was queued for (``add --weights``, else ``$MAGI2_EMBEDDED_WEIGHTS``,
+else the shipped trained ones); a runner on other weights fails it with one line saying how to run it
+(``run --weights``), rather than run it on its own (jobs.runner.check_weights).
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ def register(sub) -> None:
     add.add_argument("--layout", default="sp1-cfg1", help="spN-cfgM[-epK] or a preset")
     add.add_argument("--engine", default="embedded", help="the engine that checks the request now "
                      "(the runner checks it again with its own)")
-    add.add_argument("--weights", default=None, help="the embedded weights the request is checked with now; a "
-                     "queued job runs on its runner's (queue run --weights, or the studio's $MAGI2_EMBEDDED_WEIGHTS)")
+    add.add_argument("--weights", default=None, help="the embedded weights the job is for: trained, random or a "
+                     "tiny checkpoint folder (default: $MAGI2_EMBEDDED_WEIGHTS, else trained). The job records "
+                     "them; a runner on other weights (queue run --weights, the studio's $MAGI2_EMBEDDED_WEIGHTS) "
+                     "fails it rather than run it on its own")
     add_server_arguments(add)
     add.set_defaults(func=add_job)
 
@@ -112,7 +118,8 @@ def list_jobs(args: argparse.Namespace) -> int:
         if job.state == "running" and orphaned:
             where = "its runner is gone: it is marked interrupted when a studio or queue run next serves this folder"
         batch = f"  batch {job.batch} {job.label}" if job.batch else ""
-        print(f"#{job.ticket:<4} {job.id[:8]}  {job.state:<11} {job.summary()}  {where}{batch}")
+        weights = f"  weights {job.weights_text()}" if job.weights else ""
+        print(f"#{job.ticket:<4} {job.id[:8]}  {job.state:<11} {job.summary()}  {where}{batch}{weights}")
     paused = " · paused (magi2studio queue resume)" if state.paused else ""
     print(f"{len(state.waiting())} waiting of at most {state.max_waiting}{paused}")
     return 0
@@ -122,6 +129,7 @@ def add_job(args: argparse.Namespace) -> int:
     """Queue one run, or a batch: every run checked and planned here first, then queued together or not at all."""
     from ..engines import get_engine
     from ..jobs.batches import expand, parse_spec, read_prompts
+    from ..jobs.runner import engine_weights
     from ..run_folder.runs import check_outputs_root
     from ..vocabulary.layouts import parse_layout
     from ..vocabulary.request import RANDOM_SEED, build_request
@@ -144,18 +152,24 @@ def add_job(args: argparse.Namespace) -> int:
         plan = engine.plan(build_request(**item.fields), parse_layout(item.layout))
         runs.append((plan.request.model_dump(mode="json"), plan.layout.name, item.label, item.seed_drawn))
     check_outputs_root(Path(args.out))
-    jobs = _queue(args).add_batch(runs, owner="cli", source="cli")
+    jobs = _queue(args).add_batch(runs, owner="cli", source="cli", weights=engine_weights(engine))
     state = _queue(args).read()
     where = Path(args.out) / "queue.json"
     if len(jobs) == 1:
         if jobs[0].seed_drawn:
             print(f"seed: -1 drew {jobs[0].request['seed']}")
-        print(f"queued #{jobs[0].ticket} {jobs[0].id} at position {state.position(jobs[0].id)} in {where}")
+        print(f"queued #{jobs[0].ticket} {jobs[0].id} at position {state.position(jobs[0].id)} in {where}"
+              + _for_weights(jobs[0]))
         return 0
-    print(f"queued batch {jobs[0].batch}: {len(jobs)} runs, #{jobs[0].ticket} to #{jobs[-1].ticket}, in {where}")
+    print(f"queued batch {jobs[0].batch}: {len(jobs)} runs, #{jobs[0].ticket} to #{jobs[-1].ticket}, in {where}"
+          + _for_weights(jobs[0]))
     for job in jobs:
         print(f"  #{job.ticket:<4} {job.id[:8]}  {job.label}")
     return 0
+
+
+def _for_weights(job) -> str:
+    return f" for the embedded weights {job.weights_text()}" if job.weights else ""
 
 
 def cancel_job(args: argparse.Namespace) -> int:
@@ -197,7 +211,7 @@ def run_jobs(args: argparse.Namespace) -> int:
     """Claim the waiting jobs one by one and run them, like the studio's slot; exit 1 if any failed."""
     from ..engines import get_engine
     from ..jobs.jobqueue import JobQueue
-    from ..jobs.runner import RunnerLock, execute_job, plan_record
+    from ..jobs.runner import OtherWeights, RunnerLock, execute_job, plan_record
     from .progress import ConsoleProgress
     from ..run_folder.runs import check_outputs_root
 
@@ -216,6 +230,11 @@ def run_jobs(args: argparse.Namespace) -> int:
             print(f"#{record.ticket} {record.id[:8]}: {record.summary()}", flush=True)
             try:
                 plan = plan_record(engine, record)
+            except OtherWeights as err:  # not the request's fault: it failed here, and may run elsewhere
+                queue.update(record.id, state="failed", finished=time.time(), message=str(err))
+                print(f"  failed: {err}")
+                failed += 1
+                continue
             except InputError as err:
                 queue.update(record.id, state="refused", finished=time.time(), message=str(err))
                 print(f"  refused: {err}")

@@ -63,6 +63,11 @@ class JobRecord:
     batch: str | None = None  # the batch id its runs share (jobs.batches), None for a single run
     label: str = ""  # within a batch: what sets this run apart ("seed 43", "steps 8 · sp2-cfg1")
     seed_drawn: bool = False  # seed -1 was asked: the run records seed_asked -1 (plan_record)
+    # The embedded weights it was queued for (``queue add --weights``, else the enqueuing side's engine's):
+    # trained, random or a folder, and that tree's sha256; a runner on other weights fails it
+    # (runner.check_weights). None: another engine, or a record from before jobs kept their weights.
+    weights: str | None = None
+    weights_sha256: str | None = None
 
     @property
     def pending(self) -> bool:
@@ -75,6 +80,14 @@ class JobRecord:
         prompt = prompt if len(prompt) <= 60 else prompt[:59] + "…"
         return (f"{str(request.get('mode', '')).upper()} {request.get('tier')} seed {request.get('seed')} "
                 f"{self.layout}: {prompt}")
+
+    def weights_text(self) -> str:
+        """The weights it was queued for, as ``queue list`` shows them: trained, random, or a folder and the start
+        of its tree sha256; "not recorded" for a record from before jobs kept them (or of another engine)."""
+        if self.weights is None:
+            return "not recorded"
+        folder = self.weights_sha256 and self.weights not in ("trained", "random")
+        return f"{self.weights} ({self.weights_sha256[:12]})" if folder else self.weights
 
 
 _FIELD_TYPES = {f.name: f.type for f in fields(JobRecord)}
@@ -91,7 +104,8 @@ def _record_from(data: Any, where: Path) -> JobRecord:
     if any(key not in data for key in required):
         raise bad("holds a job with fields missing")
     if (not isinstance(data["id"], str) or not isinstance(data["ticket"], int) or data["state"] not in STATES
-            or not isinstance(data["request"], dict) or not isinstance(data["layout"], str)):
+            or not isinstance(data["request"], dict) or not isinstance(data["layout"], str)
+            or not all(isinstance(data.get(key), (str, type(None))) for key in ("weights", "weights_sha256"))):
         raise bad("holds a job whose fields have the wrong types")
     return JobRecord(**data)
 
@@ -196,14 +210,15 @@ class JobQueue:
                 write_atomic(self.path, state.to_json())
 
     def add(self, request: dict[str, Any], layout: str, *, owner: str, source: str,
-            seed_drawn: bool = False) -> JobRecord:
+            seed_drawn: bool = False, weights: tuple[str | None, str | None] = (None, None)) -> JobRecord:
         """Append a waiting job, or refuse when ``max_waiting`` jobs already wait (nothing written then)."""
-        return self.add_batch([(request, layout, "", seed_drawn)], owner=owner, source=source)[0]
+        return self.add_batch([(request, layout, "", seed_drawn)], owner=owner, source=source, weights=weights)[0]
 
-    def add_batch(self, runs: list[tuple[dict[str, Any], str, str, bool]], *, owner: str,
-                  source: str) -> list[JobRecord]:
+    def add_batch(self, runs: list[tuple[dict[str, Any], str, str, bool]], *, owner: str, source: str,
+                  weights: tuple[str | None, str | None] = (None, None)) -> list[JobRecord]:
         """Append (request, layout, label, seed_drawn) runs as waiting jobs sharing one batch id (none for one run),
-        all of them or, past ``max_waiting``, none (one refusal, nothing written)."""
+        all of them or, past ``max_waiting``, none (one refusal, nothing written). ``weights``: the embedded
+        weights (name, tree sha256) they are queued for (``runner.engine_weights`` of the enqueuing engine)."""
         with self._changing(creates=True) as state:
             waiting = len(state.waiting())
             if waiting + len(runs) > state.max_waiting:
@@ -213,7 +228,8 @@ class JobQueue:
             for request, layout, label, seed_drawn in runs:
                 jobs.append(JobRecord(id=uuid.uuid4().hex, ticket=state.next_ticket, state="waiting", request=request,
                                       layout=layout, owner=owner, source=source, submitted=now, batch=batch,
-                                      label=label, seed_drawn=seed_drawn))
+                                      label=label, seed_drawn=seed_drawn, weights=weights[0],
+                                      weights_sha256=weights[1]))
                 state.next_ticket += 1
             state.jobs.extend(jobs)
         return jobs

@@ -168,10 +168,54 @@ def failure_line(err: BaseException) -> str:
     return f"the engine failed: {type(err).__name__}{': ' + first if first else ''} (details in the log)"
 
 
+def engine_weights(engine) -> tuple[str | None, str | None]:
+    """The weights a job queued for ``engine`` records (``JobRecord.weights``, ``weights_sha256``): the embedded
+    engine's choice and its tree sha256 (None for ``random``); (None, None) for an engine without a weights
+    choice (vllm-omni runs whatever checkpoint is mounted)."""
+    record = getattr(engine, "weights_record", None)
+    return record() if callable(record) else (None, None)
+
+
+class OtherWeights(InputError):
+    """A job queued for other embedded weights than its runner's engine runs (:func:`check_weights`)."""
+
+
+def _weights_text(name: str, digest: str | None) -> str:
+    return name if digest is None or name == digest else f"{name} (tree sha256 {digest[:12]})"
+
+
+def check_weights(engine, record: JobRecord) -> None:
+    """Raise :class:`OtherWeights` when the job was queued for other weights than ``engine`` runs.
+
+    Why refuse rather than run: a run is only worth keeping if its manifest proves what was asked
+    for ran. ``queue add --weights random`` run by a studio on ``trained`` would give another
+    video under the same request, and nothing but a careful reading of its manifest would tell;
+    quietly switching the runner's engine instead would stall every other job behind a restart.
+    So the job ends ``failed`` with one line naming it, both weights and the two fixes (run it
+    where those weights run, or add it again). Weights are told apart by their tree sha256 where
+    both sides have one (a folder holding the shipped tree is the shipped weights), else by name.
+    A record from before jobs recorded weights (``weights`` None) runs as before, on the runner's
+    weights; so does any job under an engine without a weights choice (vllm-omni).
+    """
+    runner_name, runner_digest = engine_weights(engine)
+    if record.weights is None or runner_name is None:
+        return
+    if (record.weights_sha256 or record.weights) == (runner_digest or runner_name):
+        return
+    asked = _weights_text(record.weights, record.weights_sha256)
+    raise OtherWeights(
+        "weights", f"job #{record.ticket} ({record.id[:8]}) was queued for the embedded weights {asked}, but this "
+        f"runner's engine runs {_weights_text(runner_name, runner_digest)}, which would give another result",
+        f"run it with `magi2studio queue run --weights {record.weights}` (no studio serving this outputs folder), "
+        f"or add it again to run it on {runner_name}")
+
+
 def plan_record(engine, record: JobRecord):
-    """The record's request and layout checked again by ``engine.plan`` (a queue file may be old); raises InputError."""
+    """The record's request and layout checked again by ``engine.plan`` (a queue file may be old), after its
+    weights (:func:`check_weights`); raises InputError (:class:`OtherWeights` for the weights)."""
     from ..vocabulary.layouts import parse_layout
     from ..vocabulary.request import build_request
 
+    check_weights(engine, record)
     plan = engine.plan(build_request(**record.request), parse_layout(record.layout))
     return plan.with_seed_drawn() if record.seed_drawn else plan

@@ -29,7 +29,8 @@ from ..engines.base import Engine, Plan, Progress
 from ..errors import InputError
 from ..jobs.eta import RunHistory
 from ..jobs.jobqueue import JobQueue, JobRecord, QueueState, queue_full
-from ..jobs.runner import RunnerLock, execute_job, failure_line, plan_record
+from ..jobs.runner import OtherWeights, RunnerLock, check_weights, engine_weights, execute_job, failure_line, \
+    plan_record
 from ..jobs.stage_clock import StageClock
 from ..vocabulary.layouts import Layout
 from ..vocabulary.request import RANDOM_SEED, Request
@@ -181,13 +182,14 @@ class EngineSlot:
         return self.submit_batch([(plan, "")], owner, source)[0]
 
     def submit_batch(self, plans: list[tuple[Plan, str]], owner: str, source: str = "studio") -> list[Job]:
-        """Queue (plan, label) pairs as one batch: all of them, or none (queue full or closing)."""
+        """Queue (plan, label) pairs as one batch: all of them, or none (queue full or closing); the jobs record
+        the engine's weights (a runner on other ones fails them: ``runner.check_weights``)."""
         with self._cond:
             if self._closed:
                 raise InputError("queue", "the studio is shutting down", "try again after it restarts")
         records = self.queue.add_batch([(plan.request.model_dump(mode="json"), plan.layout.name, label,
                                          plan.resolved.get("seed_asked") == RANDOM_SEED) for plan, label in plans],
-                                       owner=owner, source=source)
+                                       owner=owner, source=source, weights=engine_weights(self.engine))
         jobs = [Job(record.ticket, owner, plan, record.id, submitted=record.submitted)
                 for record, (plan, _) in zip(records, plans)]
         with self._cond:
@@ -376,6 +378,11 @@ class EngineSlot:
             if claimed is None:
                 return
             record, job = claimed
+            try:  # a job added by another process, or before a restart on other weights
+                check_weights(self.engine, record)
+            except OtherWeights as err:
+                self._finish(record, job, "failed", str(err))
+                continue
             if job is None:  # added by another process, or before a restart: plan it now
                 try:
                     plan = plan_record(self.engine, record)

@@ -160,6 +160,14 @@ class EmbeddedEngine(Engine):
             return "the shipped trained tiny weights"
         return f"the tiny checkpoint folder {self._weights_folder}"
 
+    def weights_record(self) -> tuple[str, str | None]:
+        """The weights as a queued job records them (``jobs.runner.engine_weights``): the choice as ``--weights``
+        takes it (``trained``, ``random`` or the folder's absolute path) and its tree sha256 (None for random)."""
+
+        info = self._weights_info()
+        name = self.weights if self.weights in (RANDOM, TRAINED) else info["weights"]
+        return name, info.get("weights_sha256")
+
     def _weights_info(self) -> dict:
         """What the manifest records about the weights: a folder's tree sha256 (computed once)."""
 
