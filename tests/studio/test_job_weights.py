@@ -98,7 +98,7 @@ def test_the_studio_records_its_engine_s_weights_and_fails_a_job_of_others(tmp_p
         other = JobQueue(tmp_path).add(REQUEST, "sp1-cfg1", owner="cli", source="cli", weights=("random", None))
         slot.steer("set_paused", False)
         deadline = time.monotonic() + 30
-        while (job := JobQueue(tmp_path).read().find(other.id)).state == "waiting" and time.monotonic() < deadline:
+        while (job := JobQueue(tmp_path).read().find(other.id)).pending and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         slot.close()
