@@ -1,6 +1,7 @@
 """Results: the mp4 (with its audio track), the WAV, the per-step timing plot, the summary
 table, the manifest and a zip of the run folder, next to each other; "Use these settings"
-fills the Generate form back in from the manifest."""
+fills the Generate form back in from the manifest (History's runs too: they open here), and
+warns under the Generate button when the run's embedded weights are not the studio's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from typing import Any
 
 import gradio as gr
 
+from ..engines.embedded.tiny_weights import TRAINED_SHA256
 from ..errors import InputError
+from ..jobs.runner import engine_weights
+from ..reproduction.references import weights_identity
 from ..run_folder.runs import RunFolder, load_run, manifest_request
 from . import batch_panel
 from . import results as R
@@ -100,16 +104,56 @@ def build(ctx: StudioContext) -> None:
     ctx.results = ResultsView(headline, video, wav, plot, summary, manifest, download, run_path, ctx)
 
     def use_settings(path: str | None):
-        if not path:
-            raise gr.Error("no run is shown: generate one, or pick one in History", print_exception=False)
-        try:
-            manifest = load_run(Path(path)).manifest
-            manifest_request(manifest)  # every field the form is refilled with, checked by the request's rules
-        except InputError as err:
-            raise gr.Error(str(err), print_exception=False) from None
-        values = ctx.form.values_from_manifest(manifest)
-        return values
+        return settings_of_run(ctx, path)
 
-    ctx.defer(lambda: reuse.click(use_settings, run_path, [ctx.form.fields[n] for n in FIELDS],
+    ctx.defer(lambda: reuse.click(use_settings, run_path,
+                                  [*[ctx.form.fields[n] for n in FIELDS], ctx.form.errors["general"]],
                                   api_visibility="private").success(
         lambda: gr.Tabs(selected="generate"), None, ctx.tabs, queue=False, api_visibility="private"))
+
+
+def settings_of_run(ctx: StudioContext, path: str | None) -> list[Any]:
+    """"Use these settings": the Generate form's values (in :data:`form.FIELDS` order) from the run's manifest,
+    then the update of the line under the Generate button: :func:`weights_warning`, or cleared."""
+    if not path:
+        raise gr.Error("no run is shown: generate one, or pick one in History", print_exception=False)
+    try:
+        manifest = load_run(Path(path)).manifest
+        manifest_request(manifest)  # every field the form is refilled with, checked by the request's rules
+    except InputError as err:
+        raise gr.Error(str(err), print_exception=False) from None
+    warning = weights_warning(manifest, ctx.engine, Path(path))
+    return [*ctx.form.values_from_manifest(manifest), gr.update(value=warning, visible=bool(warning))]
+
+
+def weights_warning(manifest: dict[str, Any], engine: Any, run_path: Path) -> str:
+    """Why a run of these settings here will not repeat the run: its weights (the checkpoint's tree sha256, else
+    ``random``) are not the ones the studio's engine runs; "" when they are (or neither is the embedded engine:
+    the real model runs the mounted checkpoint, which no manifest names by digest)."""
+    ran = weights_identity(manifest.get("engine", {}))
+    name, digest = engine_weights(engine)
+    runs = digest or name
+    if ran == runs:
+        return ""
+    return (f"⚠ **Other weights**: {run_path.name} ran on {_ran_on(manifest.get('engine', {}))}; this studio runs "
+            f"{_runs_on(engine, name, digest)}. The form holds the run's settings, but a run of them here will differ "
+            f"from it. To reproduce it exactly (on its own weights): `magi2studio replay {run_path}`")
+
+
+def _ran_on(block: dict[str, Any]) -> str:
+    if not block.get("embedded"):
+        return f"the {block.get('name', 'unknown')} engine's checkpoint"
+    digest = block.get("weights_sha256")
+    if not digest:
+        return "the embedded weights random"
+    if digest == TRAINED_SHA256:
+        return "the embedded weights trained"
+    return f"the embedded weights of the folder {block.get('weights')} (tree sha256 {digest[:12]})"
+
+
+def _runs_on(engine: Any, name: str | None, digest: str | None) -> str:
+    if name is None:
+        return f"the {getattr(engine, 'name', 'unknown')} engine's checkpoint"
+    if name in ("random", "trained"):
+        return name
+    return f"the folder {name} (tree sha256 {(digest or '')[:12]})"

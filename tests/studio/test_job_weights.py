@@ -1,5 +1,6 @@
 """Issue 29: a queued job keeps the embedded weights it was queued for, and a runner on other weights fails it
-in one line instead of running it on its own. Fast: no run is made (the runner's execute_job is a stand-in)."""
+in one line instead of running it on its own; "Use these settings" warns when the run's weights are not the
+studio's. Fast: no run is made (the runner's execute_job is a stand-in, run folders are written by hand)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from magi2studio import cli
 from magi2studio.engines.embedded.tiny_weights import TRAINED_SHA256
 from magi2studio.jobs import runner
 from magi2studio.jobs.jobqueue import JobQueue
+from magi2studio.run_folder.runs import MANIFEST_VERSION, RUN_FILES
+from magi2studio.studio import form as F
+from magi2studio.studio import tab_results
 from magi2studio.studio.slot import EngineSlot
 from magi2studio.vocabulary.layouts import parse_layout
 from magi2studio.vocabulary.request import build_request
@@ -104,3 +108,53 @@ def test_the_studio_records_its_engine_s_weights_and_fails_a_job_of_others(tmp_p
         slot.close()
     assert job.state == "failed" and job.message.startswith(f"weights: job #{job.ticket} ")
     assert "queue run --weights random" in job.message and "\n" not in job.message
+
+
+# -- "Use these settings": the run's weights against the studio's -------------------------------------------
+def run_folder(root: Path, engine: dict) -> Path:
+    folder = root / "run-1"
+    folder.mkdir(parents=True)
+    for name in RUN_FILES:
+        (folder / name).write_bytes(b"x")
+    manifest = {"manifest_version": MANIFEST_VERSION, "request": REQUEST, "resolved": {"steps": 2}, "files": {},
+                "layout": parse_layout("sp1-cfg1").as_dict(), "engine": engine,
+                "hashes": {"frames_sha256": "a" * 64, "pcm_sha256": "b" * 64}}
+    (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return folder
+
+
+class Embedded:
+    name = "embedded"
+
+    def __init__(self, weights: str, digest: str | None):
+        self.record = (weights, digest)
+
+    def weights_record(self):
+        return self.record
+
+    def info(self):
+        return {"name": "embedded", "embedded": True, "weights": self.record[0],
+                **({"weights_sha256": self.record[1]} if self.record[1] else {})}
+
+
+def fill(tmp_path: Path, run_engine: dict, studio_engine) -> tuple[list, str]:
+    ctx = SimpleNamespace(engine=studio_engine, form=SimpleNamespace(values_from_manifest=F.values_from_manifest))
+    values = tab_results.settings_of_run(ctx, str(run_folder(tmp_path, run_engine)))
+    return values[:-1], values[-1]
+
+
+def test_use_these_settings_warns_when_the_run_s_weights_are_not_the_studio_s(tmp_path):
+    random_run = {"name": "embedded", "embedded": True, "weights": "random"}
+    values, warning = fill(tmp_path, random_run, Embedded("trained", TRAINED_SHA256))
+    assert values == F.values_from_manifest(json.loads((tmp_path / "run-1" / "manifest.json").read_text()))
+    assert warning["visible"] is True
+    text = warning["value"]
+    assert "run-1 ran on the embedded weights random" in text and "this studio runs trained" in text
+    assert "will differ" in text and f"magi2studio replay {tmp_path / 'run-1'}" in text
+
+
+def test_use_these_settings_gives_no_warning_when_the_weights_match(tmp_path):
+    trained_run = {"name": "embedded", "embedded": True, "weights": "/elsewhere/tiny-trained",
+                   "weights_sha256": TRAINED_SHA256}  # the shipped tree, at another install's path
+    _, warning = fill(tmp_path, trained_run, Embedded("trained", TRAINED_SHA256))
+    assert warning["visible"] is False and not warning["value"]
