@@ -281,6 +281,28 @@ def train_dit(components, examples: list[Example], settings: TrainSettings, log:
         components.transformer.to("cpu")
 
 
+RESIDUAL_MIX_LOGIT = 3.0  # the mHC residual mix's bias at the start: +3 on its diagonal, -3 off it
+
+
+def open_residual_streams(transformer, logit: float = RESIDUAL_MIX_LOGIT) -> None:
+    """Start each mHC residual mix (upstream's ``mhc_bias_res_*``; Sinkhorn makes it doubly stochastic) near
+    the identity, so the 4 residual streams stay apart: the residual path is then 4 x hidden_size wide.
+
+    Why: at the seeded draw (biases of N(0, 0.5)) each mix is near uniform, the 8 mixes of the 4 layers
+    multiply to rank 1 and the streams collapse into one, ``hidden_size`` (128) wide. A 16-pixel video
+    token is 192 values (2 x 2 cells x 48), and flow matching's target (noise - x0) needs every one of
+    them carried from input to output: the 2500-step run of 2026-12-07 left the 64 dimensions it could not
+    carry as noise in every decoded picture (docs/training.md, "The DiT's residual streams"). With +-3
+    each mix's diagonal is about 0.99 and the product of the 8 keeps all 4 streams (singular values about
+    0.9; ``tests/training/test_trainer.py``)."""
+
+    with torch.no_grad():
+        for name, parameter in transformer.named_parameters():
+            if "mhc_bias_res_" in name:
+                streams = parameter.shape[0]
+                parameter.copy_(logit * (2.0 * torch.eye(streams, dtype=parameter.dtype) - 1.0))
+
+
 def check_resumable(state: dict, settings: TrainSettings, config_digest: str) -> None:
     """A saved DiT state continues only the run it came from: same settings, same model config."""
 
@@ -316,7 +338,9 @@ def _train_dit(components, examples, settings, log, generator, on_step, target, 
     optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.99))
     schedule = _cosine(optimizer, settings.dit_steps, warmup=min(100, settings.dit_steps // 10))
     first = 0
-    if resume is not None:
+    if resume is None:
+        open_residual_streams(transformer)
+    else:
         transformer.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
         schedule.load_state_dict(resume["schedule"])

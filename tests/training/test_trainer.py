@@ -68,6 +68,57 @@ def test_dit_steps_on_one_batch_lower_its_loss(setup, i2va):
     assert losses[-1] < losses[0], losses
 
 
+def _residual_path_singular_values(components, examples) -> torch.Tensor:
+    """The product of every residual mix of one forward (the 4 layers' attention and MLP branches): per token,
+    how much of each of the 4 mHC streams reaches the output through the residual path (median over tokens)."""
+
+    from vllm_omni.diffusion.models.magi2 import layers
+    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import DEFAULT_NEGATIVE_PROMPT
+    from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
+
+    proxy = components.config.data_proxy()
+    sampler = Magi2PreviewSampler(components.transformer, proxy, device="cpu")
+    text = components.text_encoder
+    conditioning = trainer.Conditioning(text, text.encode(DEFAULT_NEGATIVE_PROMPT).float())
+    mixes, original = [], layers.MHCHandler.compute_post_residual
+
+    def recording(self, post, residual, *, out_dtype):
+        coefficients, mix = original(self, post, residual, out_dtype=out_dtype)
+        mixes.append(mix.float())
+        return coefficients, mix
+
+    layers.MHCHandler.compute_post_residual = recording
+    try:
+        with torch.no_grad():
+            batch = trainer.dit_batch(sampler, conditioning, components.image_encoder, text, examples, [0], False,
+                                      torch.Generator().manual_seed(3), uncond_share=0.0)
+            components.transformer(*proxy.process_input(batch[0]).model_args)
+    finally:
+        layers.MHCHandler.compute_post_residual = original
+    product = mixes[0]
+    for mix in mixes[1:]:
+        product = torch.bmm(mix, product)
+    return torch.linalg.svdvals(product).median(dim=0).values
+
+
+def test_a_fresh_dit_run_keeps_the_four_residual_streams_apart(setup):
+    """A 16-pixel video token is 192 values: the residual path must carry all of them (the seeded mixes
+    collapse the 4 streams into one 128 wide, and the 2500-step GPU run kept 64 dimensions of noise)."""
+
+    config, _, components, examples, _ = setup
+    model = components.transformer
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        seeded = _residual_path_singular_values(components, examples)
+        trainer.open_residual_streams(model)
+        opened = _residual_path_singular_values(components, examples)
+    finally:
+        model.load_state_dict(state)
+    assert config.video_token_channels == 192 > config.hidden_size
+    assert seeded[0] > 0.99 and seeded[1:].max() < 0.01, seeded  # rank 1: one stream, hidden_size wide
+    assert opened.min() > 0.8, opened  # all 4: 4 x 128 = 512 wide
+
+
 def test_a_dit_run_stopped_and_resumed_ends_with_the_uninterrupted_runs_weights_bit_for_bit(setup):
     """A device call's time limit splits a long run; --resume must continue it exactly: model,
     AdamW moments, schedule and the batch generator all come back (any one left out changes the
