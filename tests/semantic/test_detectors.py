@@ -178,3 +178,16 @@ def test_a_blotch_that_jumps_between_places_is_no_object_even_in_the_captions_co
     result = score_clip(scene.facts, cast, audio, scene.fps, scene.sample_rate)
     colour = result.verdict("colour")
     assert colour.match is False and colour.observed.startswith("no object"), colour.line()
+
+
+def test_a_whole_frame_cast_in_the_captions_colour_is_no_object(clip):
+    """Issue 28, item 5: the whole frame tinted toward the caption's colour, no object anywhere, is a colour
+    mismatch ("no object"), never "colour: match"."""
+
+    scene, frames, audio, _ = clip
+    background = frames[0, :3, :3].reshape(-1, 3).mean(axis=0)
+    for share in (0.3, 0.6, 1.0):
+        tint = background * (1 - share) + np.array(scenes.COLOURS[scene.facts.colour]) * share
+        cast = np.broadcast_to(tint.astype(np.uint8), frames.shape).copy()
+        colour = score_clip(scene.facts, cast, audio, scene.fps, scene.sample_rate).verdict("colour")
+        assert colour.match is False and colour.observed.startswith("no object"), (share, colour.line())
