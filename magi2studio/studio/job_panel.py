@@ -24,7 +24,7 @@ import gradio as gr
 from ..errors import InputError
 from ..jobs.eta import Estimate
 from ..jobs.jobqueue import JobRecord
-from ..jobs.runner import plan_record
+from ..jobs.runner import OtherWeights, check_weights, engine_weights, plan_record
 from . import queue_steering
 from .context import StudioContext
 from .form import FIELDS as FORM_FIELDS
@@ -130,12 +130,24 @@ class JobPanel:
                 when = f"took {_seconds(took)}" if took is not None and job.state == "done" else time.strftime(
                     "%H:%M:%S", time.localtime(job.finished or job.submitted))
                 detail = job.message
+            if job.pending and (other := self._other_weights(job)):
+                detail = f"{detail} · {other}"
             batch = f" · batch {job.batch[:6]}: {job.label}" if job.batch else ""
             rows.append({"id": job.id, "ticket": str(job.ticket), "state": job.state, "what": job.summary() + batch,
                          "source": job.source, "when": when, "detail": detail,
                          "poster": self._poster(job.run) if job.state == "done" else None,
                          "actions": self._actions(job) if self.owns(job, request) else ()})
         return rows
+
+    def _other_weights(self, job: JobRecord) -> str | None:
+        """Said on a job queued for other embedded weights than the studio's, before it fails on them
+        (``runner.check_weights``): which it was queued for and which the studio runs."""
+        try:
+            check_weights(self.ctx.engine, job)
+        except OtherWeights:
+            return (f"queued for the weights {job.weights}, this studio runs "
+                    f"{engine_weights(self.ctx.engine)[0]}: it will fail")
+        return None
 
     def _actions(self, job: JobRecord) -> tuple[str, ...]:
         """The row's buttons; no "open" once its run folder was deleted (History's delete)."""

@@ -110,6 +110,36 @@ def test_the_studio_records_its_engine_s_weights_and_fails_a_job_of_others(tmp_p
     assert "queue run --weights random" in job.message and "\n" not in job.message
 
 
+def test_the_studio_s_job_list_says_when_a_waiting_job_was_queued_for_other_weights(tmp_path):
+    from magi2studio.studio.job_panel import JobPanel
+
+    class Trained:
+        name, layout = "embedded", None
+
+        def weights_record(self):
+            return "trained", TRAINED_SHA256
+
+        def plan(self, request, layout):
+            return SimpleNamespace(request=request, layout=layout, resolved={})
+
+    slot = EngineSlot(Trained(), tmp_path)
+    try:
+        slot.steer("set_paused", True)
+        queue = JobQueue(tmp_path)
+        other = queue.add(REQUEST, "sp1-cfg1", owner="cli", source="cli", weights=("random", None))
+        same = queue.add({**REQUEST, "seed": 6}, "sp1-cfg1", owner="cli", source="cli",
+                         weights=("trained", TRAINED_SHA256))
+        panel = JobPanel(SimpleNamespace(engine=Trained(), slot=slot, outputs_root=tmp_path))
+        deadline = time.monotonic() + 30  # the slot re-reads a queue file another process wrote
+        while not {other.id, same.id} <= (rows := {row["id"]: row for row in panel.rows()}).keys():
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.05)
+    finally:
+        slot.close()
+    assert "queued for the weights random, this studio runs trained: it will fail" in rows[other.id]["detail"]
+    assert "weights" not in rows[same.id]["detail"]
+
+
 # -- "Use these settings": the run's weights against the studio's -------------------------------------------
 def run_folder(root: Path, engine: dict) -> Path:
     folder = root / "run-1"
