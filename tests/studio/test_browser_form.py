@@ -82,8 +82,15 @@ def test_layouts_the_engine_refuses_are_marked_with_the_reason_and_the_fields_fo
     runnable = page.locator('#layout-preset li[aria-label^="sp1-cfg1:"]')
     style = "e => getComputedStyle(e).fontStyle + ' ' + getComputedStyle(e).color"
     assert refused.evaluate(style) != runnable.evaluate(style), "a refused layout is not greyed"
-    refused.click()
+    refused.click(force=True)  # a click cannot pick it: the dropdown keeps its layout
+    page.wait_for_timeout(1000)
+    assert page.locator("#layout-preset input").input_value() == preset, "a click picked a refused layout"
     verdict = page.locator("#layout-check")
+    assert "✗" not in verdict.inner_text()
+    page.keyboard.press("Escape")
+    picked = page.locator("#layout-preset input")
+    picked.fill("sp8-cfg1-ep4")  # with the keyboard it is taken, and the line under the control says why
+    picked.press("Enter")
     verdict.get_by_text("sp8-cfg1-ep4 needs 8 ranks").wait_for(timeout=10_000)
     assert verdict.inner_text().startswith("✗ layout:") and "Fix:" in verdict.inner_text()
     page.locator("#layout-preset input").click()

@@ -19,4 +19,16 @@
       if (!document.activeElement || document.activeElement === document.body) input.focus();
     }, 0);
   }, true);
+  // A layout this engine refuses is listed (marked ⊘, with why) but a click cannot pick it: the dropdown keeps its
+  // value (issue 29's audit). Taken with the keyboard, the refusal line under the control says why, as before.
+  const refused = (item) => item instanceof Element && item.matches('li[role="option"][aria-label^="⊘"]');
+  for (const type of ["mousedown", "click"]) {
+    document.addEventListener(type, (event) => {
+      const item = event.target instanceof Element ? event.target.closest('li[role="option"]') : null;
+      if (refused(item)) {
+        event.preventDefault();
+        event.stopImmediatePropagation();
+      }
+    }, true);
+  }
 }
