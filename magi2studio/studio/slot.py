@@ -29,8 +29,7 @@ from ..engines.base import Engine, Plan, Progress
 from ..errors import InputError
 from ..jobs.eta import RunHistory
 from ..jobs.jobqueue import JobQueue, JobRecord, QueueState, queue_full
-from ..jobs.runner import OtherWeights, RunnerLock, check_weights, engine_weights, execute_job, failure_line, \
-    plan_record
+from ..jobs.runner import OtherWeights, RunnerLock, engine_weights, execute_job, failure_line, plan_record
 from ..jobs.stage_clock import StageClock
 from ..vocabulary.layouts import Layout
 from ..vocabulary.request import RANDOM_SEED, Request
@@ -378,14 +377,12 @@ class EngineSlot:
             if claimed is None:
                 return
             record, job = claimed
-            try:  # a job added by another process, or before a restart on other weights
-                check_weights(self.engine, record)
-            except OtherWeights as err:
-                self._finish(record, job, "failed", str(err))
-                continue
-            if job is None:  # added by another process, or before a restart: plan it now
+            if job is None:  # added by another process, or before a restart: plan it now (its weights first)
                 try:
                     plan = plan_record(self.engine, record)
+                except OtherWeights as err:  # not the request's fault: it fails here, and may run elsewhere
+                    self._finish(record, None, "failed", str(err))
+                    continue
                 except InputError as err:
                     self._finish(record, None, "refused", str(err))
                     continue

@@ -49,6 +49,8 @@ def dense_mh_moe(x: torch.Tensor, gather_ids: torch.Tensor, probs: torch.Tensor,
     one small loop body per expert. Top-k of 8 experts computes 4 times the routed FLOPs, which the tiny
     model's GPU step does not notice."""
 
+    from vllm_omni.diffusion.models.magi2.mh_moe import swiglu7_pair
+
     tokens, heads, _ = x.shape
     experts = (expert_offsets.numel() - 1) // heads
     slots = torch.arange(gather_ids.numel(), device=x.device)
@@ -58,8 +60,6 @@ def dense_mh_moe(x: torch.Tensor, gather_ids: torch.Tensor, probs: torch.Tensor,
     w_gate, w_up, w_down = (w.view(heads, experts, *w.shape[1:]) for w in (w_gate, w_up, w_down))
     gate = torch.einsum("thd,hedf->thef", x, w_gate)
     up = torch.einsum("thd,hedf->thef", x, w_up)
-    from vllm_omni.diffusion.models.magi2.mh_moe import swiglu7_pair
-
     expert_outputs = torch.einsum("thef,hefd->thed", swiglu7_pair(gate, up), w_down)
     return (expert_outputs * routing.to(expert_outputs.dtype)[..., None]).sum(dim=2).to(x.dtype)
 

@@ -81,16 +81,19 @@ def test_a_job_recorded_before_jobs_kept_weights_runs_on_the_runner_s(tmp_path, 
     assert ran == [old.id] and queue.read().find(old.id).state == "done"
 
 
+class Trained:
+    """A studio engine on the shipped weights that never runs: a job of other weights is never planned."""
+
+    name, layout = "embedded", None
+
+    def weights_record(self):
+        return "trained", TRAINED_SHA256
+
+    def plan(self, request, layout):
+        raise AssertionError("a job of other weights is never planned")
+
+
 def test_the_studio_records_its_engine_s_weights_and_fails_a_job_of_others(tmp_path):
-    class Trained:
-        name, layout = "embedded", None
-
-        def weights_record(self):
-            return "trained", TRAINED_SHA256
-
-        def plan(self, request, layout):
-            raise AssertionError("a job of other weights is never planned")
-
     slot = EngineSlot(Trained(), tmp_path)
     try:
         slot.steer("set_paused", True)
@@ -113,23 +116,18 @@ def test_the_studio_records_its_engine_s_weights_and_fails_a_job_of_others(tmp_p
 def test_the_studio_s_job_list_says_when_a_waiting_job_was_queued_for_other_weights(tmp_path):
     from magi2studio.studio.job_panel import JobPanel
 
-    class Trained:
-        name, layout = "embedded", None
-
-        def weights_record(self):
-            return "trained", TRAINED_SHA256
-
+    class Planning(Trained):  # the job list estimates a waiting job of its own weights
         def plan(self, request, layout):
             return SimpleNamespace(request=request, layout=layout, resolved={})
 
-    slot = EngineSlot(Trained(), tmp_path)
+    slot = EngineSlot(Planning(), tmp_path)
     try:
         slot.steer("set_paused", True)
         queue = JobQueue(tmp_path)
         other = queue.add(REQUEST, "sp1-cfg1", owner="cli", source="cli", weights=("random", None))
         same = queue.add({**REQUEST, "seed": 6}, "sp1-cfg1", owner="cli", source="cli",
                          weights=("trained", TRAINED_SHA256))
-        panel = JobPanel(SimpleNamespace(engine=Trained(), slot=slot, outputs_root=tmp_path))
+        panel = JobPanel(SimpleNamespace(engine=Planning(), slot=slot, outputs_root=tmp_path))
         deadline = time.monotonic() + 30  # the slot re-reads a queue file another process wrote
         while not {other.id, same.id} <= (rows := {row["id"]: row for row in panel.rows()}).keys():
             assert time.monotonic() < deadline, rows
