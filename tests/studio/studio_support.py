@@ -27,12 +27,17 @@ NO_CHROMIUM = ("Debian's chromium is not installed at /usr/bin/chromium (apt-get
 
 @contextmanager
 def chromium_page(width: int = 1440, height: int = 1000):
-    """A page in headless Debian Chromium at ``width`` x ``height``."""
+    """A page in headless Debian Chromium at ``width`` x ``height``.
+
+    Waits without their own timeout get 90 s, not Playwright's 30: scripts/test runs the image lane (two image
+    builds, the image's own studio) beside the rest on CI's 2 cores, and there the image's studio took over 30 s
+    to fill its first verdict line after a page load (a wait for an answer, never a timing check)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
         context = browser.new_context(viewport={"width": width, "height": height})
+        context.set_default_timeout(90_000)
         try:
             yield context.new_page()
         finally:

@@ -29,28 +29,28 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
     assert page.get_by_role("tab", name="Results").get_attribute("aria-selected") == "true"
     page.wait_for_function(
         "() => { const v = document.querySelector('#result-video video');"
-        " return v && v.readyState >= 1 && Number.isFinite(v.duration); }", timeout=60_000)
+        " return v && v.readyState >= 1 && Number.isFinite(v.duration); }", timeout=90_000)
     duration = video.evaluate("v => v.duration")
     assert duration == pytest.approx(10.0, abs=0.15)
     video.evaluate("v => { v.muted = false; return v.play(); }")
     page.wait_for_function(
         "() => { const v = document.querySelector('#result-video video');"
-        " return v.currentTime > 1.0 && v.webkitAudioDecodedByteCount > 0; }", timeout=60_000)
+        " return v.currentTime > 1.0 && v.webkitAudioDecodedByteCount > 0; }", timeout=90_000)
     assert video.evaluate("v => v.webkitAudioDecodedByteCount") > 0, "the clip played without an audio track"
 
     plot = page.locator("#timing-plot")
-    plot.locator("canvas, svg").first.wait_for(state="visible", timeout=60_000)
+    plot.locator("canvas, svg").first.wait_for(state="visible", timeout=90_000)
     box = plot.bounding_box()
     assert box is not None and box["height"] > 150
     assert "seed **2026**" not in page.locator("#run-headline").inner_text()  # rendered, not raw markdown
     assert "2026" in page.locator("#run-headline").inner_text()
-    page.locator("#timing-summary").get_by_text("gate metric").filter(visible=True).first.wait_for(timeout=30_000)
-    page.locator("#timing-summary").get_by_text("engine start").filter(visible=True).first.wait_for(timeout=10_000)
+    page.locator("#timing-summary").get_by_text("gate metric").filter(visible=True).first.wait_for(timeout=90_000)
+    page.locator("#timing-summary").get_by_text("engine start").filter(visible=True).first.wait_for(timeout=30_000)
     video.evaluate("v => v.pause()")
     page.screenshot(path=str(IMAGES / "studio-results.png"), full_page=True)
 
     page.get_by_role("tab", name="History").click()
-    page.locator("#history-gallery img").first.wait_for(state="visible", timeout=30_000)
+    page.locator("#history-gallery img").first.wait_for(state="visible", timeout=90_000)
     wait_settled(page, "history-gallery")
     page.screenshot(path=str(IMAGES / "studio-history.png"), full_page=True)
 
@@ -60,7 +60,7 @@ def test_fill_generate_play_and_see_the_timing_plot(studio, page):
     page.get_by_role("tab", name="History").click()
     page.locator("#history-gallery img").first.click()
     page.locator("#history-open").click()
-    page.locator("#use-settings").wait_for(state="visible", timeout=30_000)
+    page.locator("#use-settings").wait_for(state="visible", timeout=90_000)
     page.locator("#use-settings").click()
     page.wait_for_function("() => document.querySelector('#seed input').value === '2026'", timeout=90_000)
     assert page.locator("#steps input, #steps textarea").first.input_value() == "4"
