@@ -95,13 +95,17 @@ def _cli(*args, cwd, weights: str | None = "random"):
 
 
 @pytest.mark.slow
-def test_cli_generate_writes_a_playable_mp4_and_replay_matches(tmp_path):
+def test_cli_generate_writes_a_playable_mp4_seed_minus_one_draws_a_seed_and_replay_matches(tmp_path):
+    """One CLI run and its replay (each a process that starts the engine: about a minute of CI's 2 cores)."""
     out = tmp_path / "outputs"
-    result = _cli("generate", "--prompt-file", str(SAMPLES / "sample_000.txt"), "--steps", "3", "--out", str(out),
-                  cwd=tmp_path)
+    result = _cli("generate", "--prompt-file", str(SAMPLES / "sample_000.txt"), "--seed", "-1", "--steps", "3",
+                  "--out", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     (folder,) = [p for p in out.iterdir() if runs.is_complete(p)]
-    assert "t2va-272p-s42" in folder.name
+    manifest = json.loads((folder / "manifest.json").read_text())
+    drawn = manifest["request"]["seed"]
+    assert 0 <= drawn < 2**31 and manifest["resolved"]["seed_asked"] == -1
+    assert f"seed: -1 drew {drawn}" in result.stderr and f"t2va-272p-s{drawn}-" in folder.name
     with av.open(str(folder / "video.mp4")) as container:
         (video,) = container.streams.video
         (audio,) = container.streams.audio
@@ -113,23 +117,9 @@ def test_cli_generate_writes_a_playable_mp4_and_replay_matches(tmp_path):
         samples = sum(f.samples for f in container.decode(audio=0))
     assert frames == 125
     assert abs(samples / 44100 - 10.0) < 0.05
-    replay = _cli("replay", str(folder), cwd=tmp_path)
+    replay = _cli("replay", str(folder), cwd=tmp_path)  # the drawn seed is the request's: it repeats
     assert replay.returncode == 0, replay.stderr[-2000:]
     assert "frames_sha256: match" in replay.stdout and "pcm_sha256: match" in replay.stdout
-
-
-def test_cli_generate_seed_minus_one_draws_a_seed_the_manifest_records_and_replay_repeats(tmp_path):
-    out = tmp_path / "outputs"
-    result = _cli("generate", "--prompt", "A lantern swings in the wind", "--seed", "-1", "--steps", "2",
-                  "--out", str(out), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    (folder,) = [p for p in out.iterdir() if runs.is_complete(p)]
-    manifest = json.loads((folder / "manifest.json").read_text())
-    drawn = manifest["request"]["seed"]
-    assert 0 <= drawn < 2**31 and manifest["resolved"]["seed_asked"] == -1
-    assert f"seed: -1 drew {drawn}" in result.stderr and f"-s{drawn}-" in folder.name
-    replay = _cli("replay", str(folder), cwd=tmp_path)  # the drawn seed is the request's: it repeats
-    assert replay.returncode == 0 and "frames_sha256: match" in replay.stdout, replay.stderr[-2000:]
 
 
 @pytest.mark.slow

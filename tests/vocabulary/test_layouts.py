@@ -50,7 +50,10 @@ def packed_lengths(engine, request) -> list[int]:
 
 
 STEPS = 8  # enough steps for a one-bit difference in one product to spread into the final latents
-LAYOUTS_TO_COMPARE = ("sp2-cfg1", "sp1-cfg2", "sp2-cfg2", "sp4-cfg1")  # every layout of <= MAX_RANKS ranks
+# Every layout of <= MAX_RANKS ranks, each under one of the two weight sets: the shipped trained weights (the
+# default) take the layouts that split both the sequence and the CFG branches or the sequence four ways, the
+# seeded random ones the other two. All four under both sets took 780 s of CI's 2 cores (a pool start per layout).
+LAYOUTS_TO_COMPARE = {"trained": ("sp2-cfg2", "sp4-cfg1"), "random": ("sp2-cfg1", "sp1-cfg2")}
 
 
 def odd_request(engine):
@@ -84,7 +87,7 @@ def test_layouts_give_one_process_latents_bit_for_bit_with_an_odd_token_count(we
     engine = EmbeddedEngine(weights=weights)
     seen = {}
     try:
-        for name in LAYOUTS_TO_COMPARE:
+        for name in LAYOUTS_TO_COMPARE[weights]:
             layout = parse_layout(name)
             assert engine.start(layout) is True  # a new layout restarts the pool
             assert engine.start(layout) is False
@@ -101,7 +104,7 @@ def test_layouts_give_one_process_latents_bit_for_bit_with_an_odd_token_count(we
         engine.close()
     keys = ("latents_sha256", "frames_sha256", "pcm_sha256")
     assert {name: [h[k] for k in keys] for name, h in seen.items()} == {
-        name: [reference[k] for k in keys] for name in LAYOUTS_TO_COMPARE}, lengths
+        name: [reference[k] for k in keys] for name in LAYOUTS_TO_COMPARE[weights]}, lengths
 
 
 def test_cancel_stops_every_rank_at_the_same_step_and_the_pool_stays_usable(tmp_path):
