@@ -259,13 +259,14 @@ def test_a_replay_names_the_weights_its_run_recorded_and_refuses_a_changed_folde
 
 
 def test_the_set_video_decoder_shows_each_held_out_scene_s_object(setup):
-    """Upstream's loaded TurboVAE decoder with the set weights, on the 24 held-out scenes' own codes,
-    decodes each to the code's exact inverse (every cell's colour at each of the 49 frames) and,
-    shown as the driver shows it, the score finds the caption's colour, shape and motion in all but
-    at most one scene (the score tells a staircase triangle from a staircase circle by where its
-    mass sits: docs/training.md). Mutations, on 6 of the scenes: the code's red and blue swapped give
-    a colour mismatch wherever that changes the colour; each latent frame's 16 time slots reversed
-    (a sawtooth path) break the motion in at least half."""
+    """Upstream's loaded TurboVAE decoder with the set weights decodes held-out scenes' own codes to the
+    code's exact inverse (every cell's colour at each of the 49 frames; checked on 4 of the 24 scenes, as
+    each decode takes about 12 s of CI's 2 cores), and that inverse, shown as the driver shows it, lets the
+    score find the caption's colour, shape and motion in all but at most one of the 24 scenes (the score
+    tells a staircase triangle from a staircase circle by where its mass sits: docs/training.md).
+    Mutations, on 6 of the scenes: the code's red and blue swapped give a colour mismatch wherever that
+    changes the colour; each latent frame's 16 time slots reversed (a sawtooth path) break the motion in
+    at least half."""
     import numpy as np
     from vllm_omni.diffusion.models.magi2.pipeline_magi2 import _resize_video
 
@@ -275,37 +276,42 @@ def test_the_set_video_decoder_shows_each_held_out_scene_s_object(setup):
     config, _, components, _, _ = setup
     trainer.set_video_decoder(components.video_decoder)
     tier = TIERS["272p"]
+    stride = codes.VIDEO_DECODER_STRIDE
 
-    def shown(code):
-        with torch.no_grad():
-            decoded = components.video_decoder.decode(code[None])[0]
+    def exact_decoded(code):  # the code's exact inverse at the decoder's output size, [3, 49, H, W]
+        return codes.decode_exact(code).transpose(0, 1).repeat_interleave(stride, -1).repeat_interleave(stride, -2)
+
+    def shown(decoded):
         frames = decoded.float().mul(0.5).add(0.5).clamp(0, 1).mul(255).byte().permute(1, 2, 3, 0).numpy()
         index = np.floor(np.arange(tier.frames) * len(frames) / tier.frames).astype(np.int64)
-        return decoded, np.ascontiguousarray(_resize_video(frames[index], tier.width, tier.height))
+        return np.ascontiguousarray(_resize_video(frames[index], tier.width, tier.height))
 
     silence = np.zeros((int(tier.seconds * 44100), 2), np.float32)
     matches = {"colour": 0, "shape": 0, "motion": 0}
-    swapped_colours = colour_changes = reversed_motions = 0
+    swapped_colours = colour_changes = reversed_motions = decoded_scenes = 0
     for index, facts in enumerate(HELD_OUT):
         scene = make_scene(facts, tier, 42 + index)
         code = codes.encode_scene(scene, config.spatial_stride, config.latent_frames)[0]
-        decoded, clip = shown(code)
-        exact = codes.decode_exact(code).transpose(0, 1)  # [3, 49, h, w]
-        stride = codes.VIDEO_DECODER_STRIDE
-        torch.testing.assert_close(decoded, exact.repeat_interleave(stride, -1).repeat_interleave(stride, -2),
-                                   atol=2e-3, rtol=0)
-        score = score_clip(facts, clip, silence, tier.fps, 44100, caption=scene.caption)
+        exact = exact_decoded(code)
+        if index % 6 == 0:
+            with torch.no_grad():
+                decoded = components.video_decoder.decode(code[None])[0]
+            torch.testing.assert_close(decoded, exact, atol=2e-3, rtol=0)
+            decoded_scenes += 1
+        score = score_clip(facts, shown(exact), silence, tier.fps, 44100, caption=scene.caption)
         for attribute in matches:
             matches[attribute] += bool(score.verdict(attribute).match)
         if index % 4 == 0:  # the mutations, on 6 scenes
             mirrored = _nearest_colour(np.array(COLOURS[facts.colour])[::-1])
-            swapped = shown(code[[*range(32, 48), *range(16, 32), *range(16)]])[1]
+            swapped = shown(exact_decoded(code[[*range(32, 48), *range(16, 32), *range(16)]]))
             seen = score_clip(facts, swapped, silence, tier.fps, 44100, caption=scene.caption).verdict("colour")
             colour_changes += mirrored != facts.colour
             swapped_colours += mirrored != facts.colour and seen.match is False
             backwards = code.unflatten(0, (3, 16)).flip(1).flatten(0, 1)
-            moved = score_clip(facts, shown(backwards)[1], silence, tier.fps, 44100, caption=scene.caption)
+            moved = score_clip(facts, shown(exact_decoded(backwards)), silence, tier.fps, 44100,
+                               caption=scene.caption)
             reversed_motions += moved.verdict("motion").match is not True
+    assert decoded_scenes == 4
     assert matches["colour"] >= 23 and matches["motion"] >= 23 and matches["shape"] >= 23, matches
     assert colour_changes >= 2 and swapped_colours == colour_changes, (swapped_colours, colour_changes)
     assert reversed_motions >= 3, reversed_motions  # 3 of 6 when measured
