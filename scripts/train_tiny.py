@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:
+    script_started = time.perf_counter()  # --stop-after counts from here: a device call's clock, not training's
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", required=True, type=Path, help="folder for phase states and logs")
     parser.add_argument("--phase", choices=("decoders", "dit", "pack", "all"), default="all")
@@ -39,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-every", type=int, default=0,
                         help="dit: also write dit.pt (and its log) every N steps, as dit.pt's 'step' says")
     parser.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
-                        help="dit: stop at the first step boundary after this many seconds of training and write "
-                             "dit-state.pt, which --resume continues (a device call's time limit)")
+                        help="dit: stop at the first step boundary after this many seconds since this script started "
+                             "(the scenes' encoding and the model's load count: a device call's time limit) and "
+                             "write dit-state.pt, which --resume continues")
     parser.add_argument("--resume", action="store_true",
                         help="dit: go on from --work's dit-state.pt (same settings); the weights end as an "
                              "uninterrupted run's, bit for bit")
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 if step % settings.log_every == 0:
                     print(f"dit step {step}/{settings.dit_steps} loss {loss:.4f} "
                           f"{time.perf_counter() - started:.0f} s", flush=True)
-                stop = args.stop_after is not None and time.perf_counter() - started >= args.stop_after
+                stop = args.stop_after is not None and time.perf_counter() - script_started >= args.stop_after
                 saving = args.save_every and (step + 1) % args.save_every == 0
                 if (stop or saving) and step + 1 < settings.dit_steps:
                     state = snapshot()
