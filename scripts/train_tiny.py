@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dit-steps", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--log-every", type=int, default=None)
+    parser.add_argument("--noise-shift", type=float, default=None,
+                        help="dit: the training noise draw's shift (default: the sampler's 7; 1 draws sigma uniformly, "
+                             "so low noise levels come up more often)")
     parser.add_argument("--save-every", type=int, default=0,
                         help="dit: also write dit.pt (and its log) every N steps, as dit.pt's 'step' says")
     parser.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
@@ -54,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase in ("pack", "all") and args.out is None:
         parser.error("--out: pack writes the checkpoint there; name a folder, e.g. --out /tmp/tiny-trained")
 
+    if args.noise_shift is not None and not (math.isfinite(args.noise_shift) and args.noise_shift > 0):
+        parser.error(f"--noise-shift: {args.noise_shift}; give a positive number, e.g. 1 (sigma uniform) or 7")
     if args.stop_after is not None and args.stop_after <= 0:
         parser.error(f"--stop-after: {args.stop_after} s; give a positive number of seconds")
     state_path = args.work / "dit-state.pt"
@@ -83,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {k: v for k, v in (("scenes", args.scenes), ("dit_steps", args.dit_steps), ("batch", args.batch),
-                                   ("log_every", args.log_every))
+                                   ("log_every", args.log_every), ("noise_shift", args.noise_shift))
                  if v is not None}
     settings = trainer.TrainSettings(seed=args.seed, **overrides)
     config = trainer.trained_config(args.seed)

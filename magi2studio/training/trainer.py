@@ -77,6 +77,10 @@ class TrainSettings:
     lr: float = 1e-3
     i2va_share: float = 0.25  # of DiT batches, conditioned on the first frame
     log_every: int = 25
+    # The training noise draw: sigma = shifted_sigma(u, noise_shift), u uniform. The sampler's shift (SHIFT) puts
+    # only 5 % of the draws below s = 0.27, where the runs so far leave the noise in (docs/training.md); a smaller
+    # shift draws low noise levels more often (1.0: sigma uniform).
+    noise_shift: float = SHIFT
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -188,7 +192,8 @@ def _cat_inputs(inputs: list) -> object:
 
 
 def dit_batch(sampler, conditioning: Conditioning, image_encoder, text_encoder, examples: list[Example],
-              pick: list[int], i2va: bool, generator: torch.Generator, uncond_share: float = 0.15):
+              pick: list[int], i2va: bool, generator: torch.Generator, uncond_share: float = 0.15,
+              noise_shift: float = SHIFT):
     """The model input of one training batch and its velocity targets.
 
     Each sample's input is what the sampler builds for one step (``prepare_model_input``:
@@ -200,7 +205,7 @@ def dit_batch(sampler, conditioning: Conditioning, image_encoder, text_encoder, 
     inputs, video_targets, audio_targets, video_weights, audio_weights = [], [], [], [], []
     for index in pick:
         example = examples[index]
-        sigma = shifted_sigma(float(torch.rand((), generator=generator)))
+        sigma = shifted_sigma(float(torch.rand((), generator=generator)), noise_shift)
         video_noise = torch.randn(example.video.shape, generator=generator)
         audio_noise = torch.randn(example.audio.shape, generator=generator)
         video_t, video_v = flow_pair(example.video, video_noise, sigma)
@@ -307,9 +312,11 @@ def check_resumable(state: dict, settings: TrainSettings, config_digest: str) ->
     """A saved DiT state continues only the run it came from: same settings, same model config."""
 
     saved = state["log"]
+    defaults = TrainSettings().as_dict()  # a setting added since the state was saved: it was trained at its default
     for name, value in settings.as_dict().items():
-        if saved["settings"].get(name) != value:
-            raise InputError("--resume", f"the saved state was trained with {name}={saved['settings'].get(name)!r}, "
+        was = saved["settings"].get(name, defaults[name])
+        if was != value:
+            raise InputError("--resume", f"the saved state was trained with {name}={was!r}, "
                              f"this run asks {value!r}", "pass the saved run's settings, or start afresh in "
                              "another --work folder")
     if saved["config_digest"] != config_digest:
@@ -359,7 +366,7 @@ def _train_dit(components, examples, settings, log, generator, on_step, target, 
         i2va = bool(torch.rand((), generator=generator) < settings.i2va_share)
         with torch.no_grad():
             batch = batch_to(dit_batch(sampler, conditioning, components.image_encoder, components.text_encoder,
-                                       examples, pick, i2va, generator), target)
+                                       examples, pick, i2va, generator, noise_shift=settings.noise_shift), target)
         video_loss, audio_loss = dit_loss(transformer, proxy, *batch)
         loss = video_loss + audio_loss
         optimizer.zero_grad(set_to_none=True)

@@ -127,13 +127,14 @@ def test_a_device_it_cannot_train_on_is_one_line_and_writes_nothing(tmp_path):
         assert not (tmp_path / "work").exists()
 
 
-def test_resume_without_a_saved_state_and_a_bad_stop_after_are_one_line_each_and_write_nothing(tmp_path):
+def test_resume_without_a_saved_state_a_bad_stop_after_or_noise_shift_are_one_line_each_and_write_nothing(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "scripts" / "train_tiny.py"
-    for extra, words in ((["--resume"], "--resume:"), (["--stop-after", "0"], "--stop-after:")):
+    for extra, words in ((["--resume"], "--resume:"), (["--stop-after", "0"], "--stop-after:"),
+                         (["--noise-shift", "0"], "--noise-shift:"), (["--noise-shift", "nan"], "--noise-shift:")):
         done = subprocess.run([sys.executable, str(script), "--work", str(tmp_path / "work"), "--phase", "dit",
                                *extra], capture_output=True, text=True, timeout=300)
         assert done.returncode == 2, done.stderr

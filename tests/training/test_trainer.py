@@ -160,6 +160,45 @@ def test_a_dit_run_stopped_and_resumed_ends_with_the_uninterrupted_runs_weights_
     assert strip(resumed_log) == strip(straight_log)
     with pytest.raises(InputError, match="--resume: the saved state was trained with dit_steps=4"):
         trainer.check_resumable(state, replace(settings, dit_steps=8), config.digest)
+    # a state saved before noise_shift existed was drawn at the sampler's shift: it resumes at that, and only that
+    older = {**state, "log": {**state["log"], "settings": {k: v for k, v in state["log"]["settings"].items()
+                                                          if k != "noise_shift"}}}
+    trainer.check_resumable(older, settings, config.digest)
+    with pytest.raises(InputError, match="--resume: the saved state was trained with noise_shift=7.0"):
+        trainer.check_resumable(older, replace(settings, noise_shift=1.0), config.digest)
+
+
+def test_the_noise_shift_setting_is_the_training_draws_shift(setup, monkeypatch):
+    """``TrainSettings.noise_shift`` reaches each sample's noise level: sigma = shifted_sigma(u, shift) of the
+    same uniform draws, so shift 1 gives u itself and the sampler's 7 gives the higher levels it gave before."""
+    from vllm_omni.diffusion.models.magi2.pipeline_magi2 import DEFAULT_NEGATIVE_PROMPT
+    from vllm_omni.diffusion.models.magi2.sampler_magi2 import Magi2PreviewSampler
+
+    _, _, components, examples, _ = setup
+    sampler = Magi2PreviewSampler(components.transformer, components.config.data_proxy(), device="cpu")
+    text = components.text_encoder
+    conditioning = trainer.Conditioning(text, text.encode(DEFAULT_NEGATIVE_PROMPT).float())
+    drawn = []
+    flow_pair = trainer.flow_pair
+    monkeypatch.setattr(trainer, "flow_pair", lambda x0, noise, sigma: drawn.append(sigma) or flow_pair(x0, noise, sigma))
+
+    def sigmas(**shift) -> list[float]:
+        drawn.clear()
+        with torch.no_grad():
+            trainer.dit_batch(sampler, conditioning, components.image_encoder, text, examples, [0, 1, 2], False,
+                              torch.Generator().manual_seed(11), **shift)
+        return drawn[::2]  # video's; the audio of each sample shares its sigma
+
+    generator = torch.Generator().manual_seed(11)
+    uniform = []
+    for _ in range(3):  # dit_batch's draws per sample: u, the video noise, the audio noise, the branch
+        uniform.append(float(torch.rand((), generator=generator)))
+        torch.randn(examples[len(uniform) - 1].video.shape, generator=generator)
+        torch.randn(examples[len(uniform) - 1].audio.shape, generator=generator)
+        torch.rand((), generator=generator)
+    assert sigmas(noise_shift=1.0) == pytest.approx(uniform, abs=0)
+    assert sigmas() == sigmas(noise_shift=trainer.SHIFT) == [trainer.shifted_sigma(u, trainer.SHIFT) for u in uniform]
+    assert trainer.TrainSettings().noise_shift == trainer.SHIFT
 
 
 def test_the_trained_checkpoint_loads_back_into_upstreams_classes(setup, tmp_path):
