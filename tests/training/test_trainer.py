@@ -180,7 +180,8 @@ def test_the_noise_shift_setting_is_the_training_draws_shift(setup, monkeypatch)
     conditioning = trainer.Conditioning(text, text.encode(DEFAULT_NEGATIVE_PROMPT).float())
     drawn = []
     flow_pair = trainer.flow_pair
-    monkeypatch.setattr(trainer, "flow_pair", lambda x0, noise, sigma: drawn.append(sigma) or flow_pair(x0, noise, sigma))
+    monkeypatch.setattr(trainer, "flow_pair",
+                        lambda x0, noise, sigma: drawn.append(sigma) or flow_pair(x0, noise, sigma))
 
     def sigmas(**shift) -> list[float]:
         drawn.clear()
