@@ -41,16 +41,12 @@ def test_a_queue_of_three_from_one_page_all_finish(studio, page):
     seeds = (9101, 9102, 9103)
     # The first job is long enough (15 steps, about a minute here; 40 made this test 213 s) that the other two
     # are queued while it runs; the next two are short.
-    # On the Generate tab before each fill: beside a full suite a fill once found the form hidden (2026-12-07)
-    page.get_by_role("tab", name="Generate").click()
     fill(page, "Three paper boats drift down a gutter in the rain; thunder far off.", seeds[0], 15)
     page.locator("#generate").click()
     # a wait for an answer, not a timing check: the ranks' start took over 60 s beside a full suite (2026-12-07)
     row(page, seeds[0]).locator("td", has_text=re.compile(r"^running$")).wait_for(timeout=180_000)
-    page.get_by_role("tab", name="Generate").click()
     page.locator("#steps input, #steps textarea").first.fill("3")
     for seed in seeds[1:]:
-        page.get_by_role("tab", name="Generate").click()  # a job that finished meanwhile switched to Results
         page.locator("#seed input").fill(str(seed))
         page.locator("#seed input").press("Tab")
         page.locator("#generate").click()
