@@ -100,7 +100,8 @@ def post_residual(
         return reference_post_residual(*args, scale=scale, iterations=iterations, epsilon=epsilon, out_dtype=out_dtype)
     from . import mhc_triton
 
-    return mhc_triton.post_residual(*args, scale=scale, iterations=iterations, epsilon=epsilon, out_dtype=out_dtype)
+    return mhc_triton.post_residual(*args, scale=scale, iterations=iterations, epsilon=epsilon, out_dtype=out_dtype,
+                                    fast_reciprocal=platform.fast_reciprocal)
 
 
 def mix(

@@ -10,57 +10,103 @@ import triton.language as tl
 
 
 @triton.jit
+def _reciprocal(x, FAST_RCP: tl.constexpr):
+    if FAST_RCP:  # one MUFU rcp.approx (NVIDIA only; 1 ulp) in place of div.full's range checks
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.fdiv(1.0, x, ieee_rounding=False)
+
+
+@triton.jit
+def _normalised(a, b, c, d, epsilon, FAST_RCP: tl.constexpr):
+    inverse = _reciprocal(a + b + c + d + epsilon, FAST_RCP)
+    return a * inverse, b * inverse, c * inverse, d * inverse
+
+
+@triton.jit
+def _entry(rows, ok, alpha, bias_ptr, stride_ri, stride_rj, ROW: tl.constexpr, COL: tl.constexpr):
+    return alpha * tl.load(rows + ROW * stride_ri + COL * stride_rj, mask=ok, other=0.0).to(tl.float32) \
+        + tl.load(bias_ptr + ROW * 4 + COL)
+
+
+@triton.jit
 def _post_residual_kernel(
     post_ptr, res_ptr, alpha_post_ptr, bias_post_ptr, alpha_res_ptr, bias_res_ptr, post_out_ptr, res_out_ptr,
     tokens, stride_pt, stride_pn, stride_rt, stride_ri, stride_rj,
     scale, epsilon,
-    ITERATIONS: tl.constexpr, BLOCK_T: tl.constexpr,
+    ITERATIONS: tl.constexpr, BLOCK_T: tl.constexpr, FAST_RCP: tl.constexpr,
 ):
-    """Each 4x4 matrix is held as four row vectors [BLOCK_T, 4]: column sums are elementwise adds
-    of the rows, row sums reduce only the 4 columns of one row (in-thread), and each
-    normalisation is one reciprocal per sum and four multiplies."""
+    """Each token's 4x4 matrix is sixteen [BLOCK_T] vectors, entry m_ij in its own registers: a row
+    or column sum is three adds in one thread (a [BLOCK_T, 4] tile spread the 4 columns over threads,
+    and every row sum was a warp shuffle), and a normalisation is one reciprocal and four multiplies."""
 
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_ok = t < tokens
+    ok = t < tokens
     t64 = t.to(tl.int64)
     n = tl.arange(0, 4)
-    ok = t_ok[:, None]
-    post = tl.load(post_ptr + t64[:, None] * stride_pt + n[None, :] * stride_pn, mask=ok, other=0.0)
+    post = tl.load(post_ptr + t64[:, None] * stride_pt + n[None, :] * stride_pn, mask=ok[:, None], other=0.0)
     post = 2.0 * tl.sigmoid(tl.load(alpha_post_ptr) * scale * post.to(tl.float32) + tl.load(bias_post_ptr + n)[None, :])
-    tl.store(post_out_ptr + t64[:, None] * 4 + n[None, :], post.to(post_out_ptr.dtype.element_ty), mask=ok)
+    tl.store(post_out_ptr + t64[:, None] * 4 + n[None, :], post.to(post_out_ptr.dtype.element_ty), mask=ok[:, None])
 
     alpha = tl.load(alpha_res_ptr) * scale
-    rows = res_ptr + t64[:, None] * stride_rt + n[None, :] * stride_rj
-    r0 = alpha * tl.load(rows, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + n)[None, :]
-    r1 = alpha * tl.load(rows + stride_ri, mask=ok, other=0.0).to(tl.float32) + tl.load(bias_res_ptr + 4 + n)[None, :]
-    r2 = (alpha * tl.load(rows + 2 * stride_ri, mask=ok, other=0.0).to(tl.float32)
-          + tl.load(bias_res_ptr + 8 + n)[None, :])
-    r3 = (alpha * tl.load(rows + 3 * stride_ri, mask=ok, other=0.0).to(tl.float32)
-          + tl.load(bias_res_ptr + 12 + n)[None, :])
-    # The native amax spreads a NaN over its token's whole matrix; do the same.
-    has_nan = tl.sum(((r0 != r0) | (r1 != r1) | (r2 != r2) | (r3 != r3)).to(tl.int32), axis=1) > 0
-    maximum = tl.max(tl.maximum(tl.maximum(r0, r1), tl.maximum(r2, r3)), axis=1)
-    maximum = tl.where(has_nan, float("nan"), maximum)[:, None]
-    r0 = tl.exp(r0 - maximum)
-    r1 = tl.exp(r1 - maximum)
-    r2 = tl.exp(r2 - maximum)
-    r3 = tl.exp(r3 - maximum)
+    rows = res_ptr + t64 * stride_rt
+    m00 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 0, 0)
+    m01 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 0, 1)
+    m02 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 0, 2)
+    m03 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 0, 3)
+    m10 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 1, 0)
+    m11 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 1, 1)
+    m12 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 1, 2)
+    m13 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 1, 3)
+    m20 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 2, 0)
+    m21 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 2, 1)
+    m22 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 2, 2)
+    m23 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 2, 3)
+    m30 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 3, 0)
+    m31 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 3, 1)
+    m32 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 3, 2)
+    m33 = _entry(rows, ok, alpha, bias_res_ptr, stride_ri, stride_rj, 3, 3)
+    # The native amax spreads a NaN over its token's whole matrix; do the same (tl.maximum drops NaNs).
+    has_nan = ((m00 != m00) | (m01 != m01) | (m02 != m02) | (m03 != m03) | (m10 != m10) | (m11 != m11)
+               | (m12 != m12) | (m13 != m13) | (m20 != m20) | (m21 != m21) | (m22 != m22) | (m23 != m23)
+               | (m30 != m30) | (m31 != m31) | (m32 != m32) | (m33 != m33))
+    maximum = tl.maximum(tl.maximum(tl.maximum(tl.maximum(m00, m01), tl.maximum(m02, m03)),
+                                    tl.maximum(tl.maximum(m10, m11), tl.maximum(m12, m13))),
+                         tl.maximum(tl.maximum(tl.maximum(m20, m21), tl.maximum(m22, m23)),
+                                    tl.maximum(tl.maximum(m30, m31), tl.maximum(m32, m33))))
+    maximum = tl.where(has_nan, float("nan"), maximum)
+    m00, m01, m02, m03 = tl.exp(m00 - maximum), tl.exp(m01 - maximum), tl.exp(m02 - maximum), tl.exp(m03 - maximum)
+    m10, m11, m12, m13 = tl.exp(m10 - maximum), tl.exp(m11 - maximum), tl.exp(m12 - maximum), tl.exp(m13 - maximum)
+    m20, m21, m22, m23 = tl.exp(m20 - maximum), tl.exp(m21 - maximum), tl.exp(m22 - maximum), tl.exp(m23 - maximum)
+    m30, m31, m32, m33 = tl.exp(m30 - maximum), tl.exp(m31 - maximum), tl.exp(m32 - maximum), tl.exp(m33 - maximum)
     for _ in tl.static_range(ITERATIONS):
-        inv_col = tl.fdiv(1.0, r0 + r1 + r2 + r3 + epsilon, ieee_rounding=False)
-        r0 = r0 * inv_col
-        r1 = r1 * inv_col
-        r2 = r2 * inv_col
-        r3 = r3 * inv_col
-        r0 = r0 * tl.fdiv(1.0, tl.sum(r0, axis=1) + epsilon, ieee_rounding=False)[:, None]
-        r1 = r1 * tl.fdiv(1.0, tl.sum(r1, axis=1) + epsilon, ieee_rounding=False)[:, None]
-        r2 = r2 * tl.fdiv(1.0, tl.sum(r2, axis=1) + epsilon, ieee_rounding=False)[:, None]
-        r3 = r3 * tl.fdiv(1.0, tl.sum(r3, axis=1) + epsilon, ieee_rounding=False)[:, None]
-    out = res_out_ptr + t64[:, None] * 16 + n[None, :]
+        m00, m10, m20, m30 = _normalised(m00, m10, m20, m30, epsilon, FAST_RCP)  # columns
+        m01, m11, m21, m31 = _normalised(m01, m11, m21, m31, epsilon, FAST_RCP)
+        m02, m12, m22, m32 = _normalised(m02, m12, m22, m32, epsilon, FAST_RCP)
+        m03, m13, m23, m33 = _normalised(m03, m13, m23, m33, epsilon, FAST_RCP)
+        m00, m01, m02, m03 = _normalised(m00, m01, m02, m03, epsilon, FAST_RCP)  # rows
+        m10, m11, m12, m13 = _normalised(m10, m11, m12, m13, epsilon, FAST_RCP)
+        m20, m21, m22, m23 = _normalised(m20, m21, m22, m23, epsilon, FAST_RCP)
+        m30, m31, m32, m33 = _normalised(m30, m31, m32, m33, epsilon, FAST_RCP)
+    out = res_out_ptr + t64 * 16
     dtype = res_out_ptr.dtype.element_ty
-    tl.store(out, r0.to(dtype), mask=ok)
-    tl.store(out + 4, r1.to(dtype), mask=ok)
-    tl.store(out + 8, r2.to(dtype), mask=ok)
-    tl.store(out + 12, r3.to(dtype), mask=ok)
+    tl.store(out + 0, m00.to(dtype), mask=ok)
+    tl.store(out + 1, m01.to(dtype), mask=ok)
+    tl.store(out + 2, m02.to(dtype), mask=ok)
+    tl.store(out + 3, m03.to(dtype), mask=ok)
+    tl.store(out + 4, m10.to(dtype), mask=ok)
+    tl.store(out + 5, m11.to(dtype), mask=ok)
+    tl.store(out + 6, m12.to(dtype), mask=ok)
+    tl.store(out + 7, m13.to(dtype), mask=ok)
+    tl.store(out + 8, m20.to(dtype), mask=ok)
+    tl.store(out + 9, m21.to(dtype), mask=ok)
+    tl.store(out + 10, m22.to(dtype), mask=ok)
+    tl.store(out + 11, m23.to(dtype), mask=ok)
+    tl.store(out + 12, m30.to(dtype), mask=ok)
+    tl.store(out + 13, m31.to(dtype), mask=ok)
+    tl.store(out + 14, m32.to(dtype), mask=ok)
+    tl.store(out + 15, m33.to(dtype), mask=ok)
 
 
 @triton.jit
@@ -191,7 +237,8 @@ def _logits_combine_kernel(
 
 
 def post_residual(post_logits, residual_logits, alpha_post, bias_post, alpha_residual, bias_residual, *, scale,
-                  iterations, epsilon, out_dtype, block_t: int | None = None, num_warps: int = 4):
+                  iterations, epsilon, out_dtype, fast_reciprocal: bool = False, block_t: int | None = None,
+                  num_warps: int = 4):
     tokens = post_logits.shape[0]
     # Enough programs to fill the GPU at model sizes (15k tokens), 256 tokens each at large T.
     block_t = block_t or max(32, min(256, triton.next_power_of_2(triton.cdiv(max(tokens, 1), 528))))
@@ -208,7 +255,8 @@ def post_residual(post_logits, residual_logits, alpha_post, bias_post, alpha_res
             post_out, res_out, tokens,
             post_logits.stride(0), post_logits.stride(1),
             residual_logits.stride(0), residual_logits.stride(1), residual_logits.stride(2),
-            float(scale), float(epsilon), ITERATIONS=int(iterations), BLOCK_T=block_t, num_warps=num_warps,
+            float(scale), float(epsilon), ITERATIONS=int(iterations), BLOCK_T=block_t,
+            FAST_RCP=fast_reciprocal, num_warps=num_warps,
         )
     return post_out, res_out
 

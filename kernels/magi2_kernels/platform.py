@@ -70,7 +70,8 @@ class Platform:
     Hopper-only features are flags here, so every other platform (MUSA's Triton 3.2 among them)
     compiles the portable path: ``tma`` streams the MoE weights through tensor descriptors
     (``triton.tools.tensor_descriptor``, Triton >= 3.4), ``fast_sigmoid`` takes SwiGLU7's
-    sigmoid through one ``tanh.approx.f32`` (inline PTX, NVIDIA only).
+    sigmoid through one ``tanh.approx.f32`` and ``fast_reciprocal`` the Sinkhorn's reciprocals
+    through one ``rcp.approx.ftz.f32`` (inline PTX, NVIDIA only).
     """
 
     name: str
@@ -83,6 +84,7 @@ class Platform:
     capability: tuple[int, int] | None = None
     tma: bool = False
     fast_sigmoid: bool = False
+    fast_reciprocal: bool = False
 
     def describe(self) -> dict[str, object]:
         return {
@@ -96,6 +98,7 @@ class Platform:
             "capability": self.capability,
             "tma": self.tma,
             "fast_sigmoid": self.fast_sigmoid,
+            "fast_reciprocal": self.fast_reciprocal,
         }
 
 
@@ -152,6 +155,7 @@ def current_platform() -> Platform:
             capability=(major, minor),
             tma=tma,
             fast_sigmoid=True,
+            fast_reciprocal=True,
         )
     return Platform("cpu", interpreter and triton_installed, interpreter, True, INTERPRETER_W13, INTERPRETER_W2, "ieee")
 

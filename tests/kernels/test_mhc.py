@@ -107,3 +107,28 @@ def test_projection_bf16_split_keeps_fp32_level_error(gen, poison, multimodal):
     parts = mhc_triton.split_bf16(phi)
     assert parts.dtype == torch.bfloat16 and torch.equal(parts.float().sum(dim=0), phi)
     assert rel_err(parts[0].double(), phi.double()) > 1e-4  # one bf16 term alone would not do
+
+
+def test_the_fast_reciprocal_drops_the_divides_range_checks_in_hopper_sass():
+    """scripts/kernel_sass.py compiles the Sinkhorn kernel for sm_90 here (no GPU; a process without the
+    interpreter): with rcp.approx the 20 iterations' 160 reciprocals carry none of div.full's fix-ups."""
+
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root / "kernels")
+    counts = {}
+    for flag in ([], ["--no-fast-reciprocal"]):
+        done = subprocess.run([sys.executable, str(root / "scripts" / "kernel_sass.py"), *flag], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        counts[bool(flag)] = json.loads(done.stdout)
+    fast, full = counts[False], counts[True]
+    assert fast["by_opcode"]["MUFU"] >= 160 and full["by_opcode"]["MUFU"] >= 160  # 8 reciprocals x 20 iterations
+    assert fast["instructions_per_token"] < full["instructions_per_token"]
+    assert full["by_opcode"]["FSETP"] - fast["by_opcode"]["FSETP"] >= 160  # one range check per divide, gone
