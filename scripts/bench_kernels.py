@@ -569,6 +569,76 @@ def run_mhc(mhc_up, dev, smoke, results, checks):
         print(json.dumps(row), flush=True)
 
 
+# --mhc-sweep: launch settings of the two mHC kernels furthest from their floors (issue 31), each timed and
+# checked against fp64 and for bit-identity run to run; the defaults are set from what it finds.
+SINKHORN_SWEEP = [dict(block_t=b, num_warps=w, fast_reciprocal=f)
+                  for f in (True, False) for b, w in ((64, 2), (128, 4), (256, 4), (256, 8), (512, 8), (512, 4))]
+PROJECTION_SWEEP = (
+    [dict(bf16_split=False, block_t=t, block_k=k, num_warps=w, num_stages=st)
+     for t, k, w, st in ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 4),
+                         (128, 128, 8, 2), (32, 128, 4, 3))]
+    + [dict(bf16_split=True, block_t=t, block_k=k, num_warps=w, num_stages=st)
+       for t, k, w, st in ((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 1), (128, 64, 8, 3), (128, 64, 8, 1),
+                           (64, 128, 4, 2), (128, 128, 8, 1))])
+
+
+def run_mhc_sweep(dev, smoke, results):
+    """Every candidate's time, error against fp64 and whether five calls give the same bits."""
+
+    from magi2_kernels import mhc_triton
+
+    ceiling = results["copy_bytes_per_ms"]
+    gen = torch.Generator(device=dev).manual_seed(99)
+    tokens = 37 if smoke else 4_000_000
+    fused = torch.randn(tokens, 24, device=dev, generator=gen) * 3
+    params = (torch.rand(1, device=dev, generator=gen) + 0.5, torch.randn(4, device=dev, generator=gen),
+              torch.rand(1, device=dev, generator=gen) + 0.5, torch.randn(4, 4, device=dev, generator=gen))
+    args = (fused[:, 4:8], fused[:, 8:].view(-1, 4, 4), *params)
+    kw = dict(scale=0.01, iterations=20, epsilon=1e-12, out_dtype=DTYPE)
+    ref = mhc.reference_post_residual(*(t.double() for t in args), scale=0.01, iterations=20, epsilon=1e-12,
+                                      out_dtype=torch.float64)
+    floor_ms = tokens * (20 * 4 + 20 * 2) / ceiling
+    rows = results.setdefault("mhc_sweep", [])
+    for config in SINKHORN_SWEEP[:2] if smoke else SINKHORN_SWEEP:
+        if smoke:
+            config = dict(config, fast_reciprocal=False)  # inline PTX: not under the interpreter
+        try:
+            runs = [mhc_triton.post_residual(*args, **kw, **config) for _ in range(5)]
+            row = dict(kernel="sinkhorn", tokens=tokens, **config,
+                       ms=bench(lambda: mhc_triton.post_residual(*args, **kw, **config), smoke),
+                       post_rel_err=rel(runs[0][0], ref[0]), residual_rel_err=rel(runs[0][1], ref[1]),
+                       bit_identical=all(torch.equal(runs[0][1], r[1]) and torch.equal(runs[0][0], r[0])
+                                         for r in runs[1:]))
+            row["vs_floor"] = row["ms"] / floor_ms
+        except Exception as error:  # noqa: BLE001 - a config that does not compile is a row, not the end
+            row = dict(kernel="sinkhorn", tokens=tokens, **config, error=repr(error)[:300])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    tokens, hidden = (37, 64) if smoke else (15015, 3072)
+    flat = torch.randn(tokens, 4 * hidden, device=dev, generator=gen).to(DTYPE)
+    weight = torch.randn(3, 4 * hidden, device=dev, generator=gen) * 0.1
+    modality = torch.sort(torch.randint(0, 3, (tokens,), device=dev, generator=gen)).values
+    phi = torch.randn(4 * hidden, 24, device=dev, generator=gen) / (4 * hidden) ** 0.5
+    ref = mhc.reference_logits(flat.double(), weight.double(), modality, 1e-6, phi.double())
+    floor_ms = tokens * 4 * hidden * 2 / ceiling
+    precision = current_platform().dot_precision
+    for config in PROJECTION_SWEEP[:2] if smoke else PROJECTION_SWEEP:
+        if smoke:
+            config = dict(config, block_k=16, block_t=16)
+        try:
+            def call(config=config):
+                return mhc_triton.logits(flat, weight, modality, 1e-6, phi, num_streams=4, dot_precision=precision,
+                                         **config)
+            runs = [call() for _ in range(5)]
+            row = dict(kernel="projection", tokens=tokens, **config, ms=bench(call, smoke),
+                       rel_err=rel(runs[0], ref), bit_identical=all(torch.equal(runs[0], r) for r in runs[1:]))
+            row["vs_floor"] = row["ms"] / floor_ms
+        except Exception as error:  # noqa: BLE001
+            row = dict(kernel="projection", tokens=tokens, **config, error=repr(error)[:300])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+
 def run_sink(dev, smoke, results, checks):
     gen = torch.Generator(device=dev).manual_seed(7)
     tokens, heads, dim = (29, 4, 32) if smoke else (30030, 24, 128)
@@ -664,6 +734,8 @@ def main() -> None:
     parser.add_argument("--out", default=default_out_dir(),
                         help="folder for kernels-<device>-<date>.json (default: %(default)s, outside the checkout)")
     parser.add_argument("--sweep", action="store_true", help="sweep the MoE GEMM configs on the first shape")
+    parser.add_argument("--mhc-sweep", action="store_true",
+                        help="also time the Sinkhorn's and the mHC projection's launch settings (time, error, bits)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to check the script itself")
     parser.add_argument("--profile", action="store_true",
                         help="only run the default MoE 3 times on the first shape's balanced routing (for ncu)")
@@ -705,7 +777,8 @@ def main() -> None:
         return
     for section in (lambda: run_moe(args, mh, dev, smoke, results, checks, save),
                     lambda: run_mhc(mhc_up, dev, smoke, results, checks),
-                    lambda: run_sink(dev, smoke, results, checks)):
+                    lambda: run_sink(dev, smoke, results, checks),
+                    *([lambda: run_mhc_sweep(dev, smoke, results)] if args.mhc_sweep else [])):
         try:
             section()
         except Exception:  # noqa: BLE001 - keep the other sections' numbers; the error is recorded

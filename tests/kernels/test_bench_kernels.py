@@ -86,3 +86,17 @@ def test_a_run_names_its_card_in_the_file_name_and_every_row(bench, monkeypatch,
     rows = [row for rows in results.values() if isinstance(rows, list) for row in rows]
     rows += results["sweep"]["candidates"]
     assert len(rows) == 6 and all(row["device"] == "NVIDIA H100 80GB HBM3" for row in rows), rows
+
+
+def test_the_mhc_sweep_times_checks_and_compares_bits_per_config(bench):
+    """--mhc-sweep's rows under the interpreter (two configs per kernel): each carries its time, its error
+    against fp64 and whether five calls gave the same bits, so a config that breaks either shows."""
+
+    results = dict(copy_bytes_per_ms=1e9)
+    bench.run_mhc_sweep("cpu", True, results)
+    rows = results["mhc_sweep"]
+    assert [row["kernel"] for row in rows] == ["sinkhorn", "sinkhorn", "projection", "projection"]
+    for row in rows:
+        assert "error" not in row and row["ms"] > 0 and row["bit_identical"] is True
+    assert all(row["residual_rel_err"] < 1e-2 for row in rows[:2])  # fp16 outputs under --smoke
+    assert all(row["rel_err"] < 1e-5 for row in rows[2:])
