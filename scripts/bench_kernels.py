@@ -574,12 +574,13 @@ def run_mhc(mhc_up, dev, smoke, results, checks):
 SINKHORN_SWEEP = [dict(block_t=b, num_warps=w, fast_reciprocal=f)
                   for f in (True, False) for b, w in ((64, 2), (128, 4), (256, 4), (256, 8), (512, 8), (512, 4))]
 PROJECTION_SWEEP = (
-    [dict(bf16_split=False, block_t=t, block_k=k, num_warps=w, num_stages=st)
-     for t, k, w, st in ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 4),
-                         (128, 128, 8, 2), (32, 128, 4, 3))]
-    + [dict(bf16_split=True, block_t=t, block_k=k, num_warps=w, num_stages=st)
-       for t, k, w, st in ((64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 1), (128, 64, 8, 3), (128, 64, 8, 1),
-                           (64, 128, 4, 2), (128, 128, 8, 1))])
+    [dict(split=split, block_t=t, block_k=k, num_warps=w, num_stages=st)
+     for split, configs in (
+         ("none", ((64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3), (64, 32, 4, 3))),
+         ("tf32", ((64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4),
+                   (128, 64, 4, 3), (32, 64, 4, 3))),
+         ("bf16", ((64, 64, 4, 3), (64, 64, 4, 1), (128, 64, 8, 1), (64, 64, 4, 2))))
+     for t, k, w, st in configs])
 
 
 def run_mhc_sweep(dev, smoke, results):
@@ -622,13 +623,15 @@ def run_mhc_sweep(dev, smoke, results):
     ref = mhc.reference_logits(flat.double(), weight.double(), modality, 1e-6, phi.double())
     floor_ms = tokens * 4 * hidden * 2 / ceiling
     precision = current_platform().dot_precision
-    for config in PROJECTION_SWEEP[:2] if smoke else PROJECTION_SWEEP:
+    for config in PROJECTION_SWEEP[::6] if smoke else PROJECTION_SWEEP:
         if smoke:
             config = dict(config, block_k=16, block_t=16)
         try:
             def call(config=config):
+                launch = {k: v for k, v in config.items() if k != "split"}
                 return mhc_triton.logits(flat, weight, modality, 1e-6, phi, num_streams=4, dot_precision=precision,
-                                         **config)
+                                         bf16_split=config["split"] == "bf16", tf32_split=config["split"] == "tf32",
+                                         **launch)
             runs = [call() for _ in range(5)]
             row = dict(kernel="projection", tokens=tokens, **config, ms=bench(call, smoke),
                        rel_err=rel(runs[0], ref), bit_identical=all(torch.equal(runs[0], r) for r in runs[1:]))

@@ -153,7 +153,7 @@ def _logits_partial_kernel(
     tokens, stride_xt, stride_phim, stride_phip,
     STREAM_WIDTH: tl.constexpr, N_PAD: tl.constexpr, MULTI_MODAL: tl.constexpr, NUM_MODALITIES: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PHI_PARTS: tl.constexpr,
-    UPCAST_PARTS: tl.constexpr,
+    UPCAST_PARTS: tl.constexpr, TF32_PARTS: tl.constexpr,
 ):
     """Partial ``x[:, stream] @ phi_m[stream]`` and sum of squares for one (token block, stream).
 
@@ -165,6 +165,9 @@ def _logits_partial_kernel(
     MMAs in place of tf32x3's three tf32 ones and no conversion of x. The small terms go into their
     own accumulator: added into p1's, Hopper's MMA dropped their low bits (1.05e-5 against fp64
     on the H100 with one accumulator, fp32 dots 2.3e-7).
+    ``TF32_PARTS`` (with ``PHI_PARTS`` 2): a 16-bit x is exact in tf32 (8 or 10 mantissa bits of tf32's 10),
+    so tf32x3's split of x is wasted: ``phi_m`` comes as two fp32 terms, the first rounded to tf32, and two
+    tf32 dots (the small term in its own accumulator) give tf32x3's error with no split in the loop.
     ``UPCAST_PARTS``: the same products as fp32 ``ieee`` dots (Triton's interpreter multiplies bf16
     tiles wrongly, so the CPU tests run the split this way).
     """
@@ -194,15 +197,19 @@ def _logits_partial_kernel(
         if (m >= first) & (m <= last):
             acc_m = tl.zeros((BLOCK_T, N_PAD), dtype=tl.float32)
             acc_lo = tl.zeros((BLOCK_T, N_PAD), dtype=tl.float32)  # the split's small terms, summed apart
-            sumsq = tl.zeros((BLOCK_T,), dtype=tl.float32)
+            squares = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)  # summed over k after the loop
             phi_rows = phi_ptr + m * stride_phim + stream * STREAM_WIDTH * N_PAD
             for k0 in tl.range(0, STREAM_WIDTH, BLOCK_K):
                 x_in = tl.load(x_rows + k0, mask=t_ok[:, None], other=0.0)
                 x = x_in.to(tl.float32)
-                sumsq += tl.sum(x * x, axis=1)
+                squares += x * x  # a row sum here, every step, was a third of the loop (warp shuffles)
                 phi_k = phi_rows + (k0 + k)[:, None] * N_PAD + n[None, :]
                 if PHI_PARTS == 0:
                     acc_m = tl.dot(x, tl.load(phi_k), acc_m, input_precision=DOT_PRECISION)
+                elif TF32_PARTS:
+                    acc_m = tl.dot(x, tl.load(phi_k), acc_m, input_precision="ieee" if UPCAST_PARTS else "tf32")
+                    acc_lo = tl.dot(x, tl.load(phi_k + stride_phip), acc_lo,
+                                    input_precision="ieee" if UPCAST_PARTS else "tf32")
                 elif UPCAST_PARTS:
                     acc_m = tl.dot(x, tl.load(phi_k).to(tl.float32), acc_m, input_precision="ieee")
                     for part in tl.static_range(1, PHI_PARTS):
@@ -214,6 +221,7 @@ def _logits_partial_kernel(
                         acc_lo = tl.dot(x_in, tl.load(phi_k + part * stride_phip), acc_lo)
             acc_m += acc_lo
             acc = tl.where((modality == m)[:, None], acc_m, acc)
+            sumsq = tl.sum(squares, axis=1)
     out = (stream * tokens + t64)
     tl.store(partial_ptr + out[:, None] * N_PAD + n[None, :], acc, mask=t_ok[:, None])
     tl.store(sumsq_ptr + out, sumsq, mask=t_ok)
@@ -308,9 +316,18 @@ def split_bf16(phi: torch.Tensor, parts: int = 3) -> torch.Tensor:
     return torch.stack(terms, dim=-3)
 
 
+def split_tf32(phi: torch.Tensor) -> torch.Tensor:
+    """fp32 ``phi`` as two fp32 terms stacked on a new dim -3: ``phi`` rounded to tf32 (10 mantissa bits,
+    ties away from zero) and the rest, which sum to ``phi`` exactly."""
+
+    bits = phi.float().contiguous().view(torch.int32)
+    high = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+    return torch.stack([high, phi.float() - high], dim=-3)
+
+
 def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_precision,
            block_t: int = 64, block_k: int = 64, num_warps: int = 4, num_stages: int = 3,
-           bf16_split: bool = False):
+           bf16_split: bool = False, tf32_split: bool = False):
     tokens, width = flattened.shape
     n_out = phi.shape[1]
     if phi.shape[0] != width or width % num_streams:
@@ -325,9 +342,12 @@ def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_p
     # Fold each modality's norm weight into its own copy of phi (padded to n_pad columns).
     phi_m = torch.zeros(weight.shape[0], width, n_pad, device=phi.device, dtype=torch.float32)
     phi_m[:, :, :n_out] = (weight + 1.0)[:, :, None] * phi.float()[None]
-    parts = 3 if bf16_split and flattened.dtype == torch.bfloat16 else 0
-    if parts:
+    tf32 = tf32_split and flattened.element_size() == 2  # fp16 and bf16 are exact in tf32
+    parts = 3 if bf16_split and flattened.dtype == torch.bfloat16 else 2 if tf32 else 0
+    if parts == 3:
         phi_m = split_bf16(phi_m, parts)  # [modalities, parts, width, n_pad]
+    elif parts == 2:
+        phi_m = split_tf32(phi_m)
     partial = torch.empty(num_streams, tokens, n_pad, device=flattened.device, dtype=torch.float32)
     sumsq = torch.empty(num_streams, tokens, device=flattened.device, dtype=torch.float32)
     out = torch.empty(tokens, n_out, device=flattened.device, dtype=torch.float32)
@@ -339,7 +359,7 @@ def logits(flattened, norm_weight, modality_ids, eps, phi, *, num_streams, dot_p
         tokens, flattened.stride(0), phi_m.stride(0), phi_m.stride(1) if parts else 0,
         STREAM_WIDTH=stream_width, N_PAD=n_pad, MULTI_MODAL=multi, NUM_MODALITIES=weight.shape[0] if multi else 1,
         BLOCK_T=block_t, BLOCK_K=block_k, DOT_PRECISION=dot_precision, PHI_PARTS=parts,
-        UPCAST_PARTS=os.environ.get("TRITON_INTERPRET", "0") == "1", num_warps=num_warps,
+        UPCAST_PARTS=os.environ.get("TRITON_INTERPRET", "0") == "1", TF32_PARTS=parts == 2, num_warps=num_warps,
         num_stages=num_stages,
     )
     _logits_combine_kernel[(triton.cdiv(tokens, 128),)](

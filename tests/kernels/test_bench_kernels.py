@@ -89,13 +89,14 @@ def test_a_run_names_its_card_in_the_file_name_and_every_row(bench, monkeypatch,
 
 
 def test_the_mhc_sweep_times_checks_and_compares_bits_per_config(bench):
-    """--mhc-sweep's rows under the interpreter (two configs per kernel): each carries its time, its error
+    """--mhc-sweep's rows under the interpreter (two Sinkhorn configs, one projection config per split): each carries its time, its error
     against fp64 and whether five calls gave the same bits, so a config that breaks either shows."""
 
     results = dict(copy_bytes_per_ms=1e9)
     bench.run_mhc_sweep("cpu", True, results)
     rows = results["mhc_sweep"]
-    assert [row["kernel"] for row in rows] == ["sinkhorn", "sinkhorn", "projection", "projection"]
+    assert [row["kernel"] for row in rows] == ["sinkhorn"] * 2 + ["projection"] * 3
+    assert [row["split"] for row in rows[2:]] == ["none", "tf32", "bf16"]
     for row in rows:
         assert "error" not in row and row["ms"] > 0 and row["bit_identical"] is True
     assert all(row["residual_rel_err"] < 1e-2 for row in rows[:2])  # fp16 outputs under --smoke

@@ -132,3 +132,19 @@ def test_the_fast_reciprocal_drops_the_divides_range_checks_in_hopper_sass():
     assert fast["by_opcode"]["MUFU"] >= 160 and full["by_opcode"]["MUFU"] >= 160  # 8 reciprocals x 20 iterations
     assert fast["instructions_per_token"] < full["instructions_per_token"]
     assert full["by_opcode"]["FSETP"] - fast["by_opcode"]["FSETP"] >= 160  # one range check per divide, gone
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_projection_tf32_split_keeps_fp32_level_error(gen, poison, dtype):
+    """A 16-bit x against phi as a tf32 term and its rest: fp32-level error; the terms sum to phi exactly."""
+    from magi2_kernels import mhc_triton
+
+    flat, weight, modality, phi = projection_inputs(gen, True, dtype)
+    ref = mhc.reference_logits(flat.double(), weight.double(), modality, 1e-6, phi.double())
+    out = mhc_triton.logits(flat, weight, modality, 1e-6, phi, num_streams=4, dot_precision="ieee", block_k=16,
+                            tf32_split=True)
+    assert rel_err(out, ref) <= 1e-5
+    parts = mhc_triton.split_tf32(phi)
+    assert torch.equal(parts[0] + parts[1], phi)
+    assert not (parts[0].view(torch.int32) & 0x1FFF).any()  # tf32: the low 13 mantissa bits are zero
+    assert (parts[1].abs() <= phi.abs() * 2.0 ** -11).all()
