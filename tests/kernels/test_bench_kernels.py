@@ -89,8 +89,9 @@ def test_a_run_names_its_card_in_the_file_name_and_every_row(bench, monkeypatch,
 
 
 def test_the_mhc_sweep_times_checks_and_compares_bits_per_config(bench):
-    """--mhc-sweep's rows under the interpreter (two Sinkhorn configs, one projection config per split): each carries its time, its error
-    against fp64 and whether five calls gave the same bits, so a config that breaks either shows."""
+    """--mhc-sweep's rows under the interpreter (two Sinkhorn configs, one projection config per split):
+    each carries its time, its error against fp64 and whether five calls gave the same bits, so a config
+    that breaks either shows."""
 
     results = dict(copy_bytes_per_ms=1e9)
     bench.run_mhc_sweep("cpu", True, results)

@@ -119,6 +119,10 @@ def test_the_fast_reciprocal_drops_the_divides_range_checks_in_hopper_sass():
     import sys
     from pathlib import Path
 
+    import triton
+
+    if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 4):
+        pytest.skip(f"Triton {triton.__version__}: the script compiles with Triton >= 3.4's API (the NVIDIA path's)")
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root / "kernels")
