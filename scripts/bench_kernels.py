@@ -742,7 +742,12 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to check the script itself")
     parser.add_argument("--profile", action="store_true",
                         help="only run the default MoE 3 times on the first shape's balanced routing (for ncu)")
+    parser.add_argument("--only", default="moe,mhc,sink,mhc-sweep",
+                        help="comma-separated sections to run (default: all; mhc-sweep also needs --mhc-sweep)")
     args = parser.parse_args()
+    only = set(args.only.split(","))
+    if not only or only - {"moe", "mhc", "sink", "mhc-sweep"}:
+        parser.error(f"--only: {args.only!r}; name sections from moe, mhc, sink, mhc-sweep, e.g. --only mhc,sink")
     if not os.path.isfile(os.path.join(args.upstream_site, "vllm_omni", "diffusion", "models", "magi2", "mh_moe.py")):
         parser.error(f"--upstream-site: {args.upstream_site} holds no vllm_omni/diffusion/models/magi2/mh_moe.py. "
                      "Fix: unpack vllm_omni-0.30.0-py3-none-any.whl there (docs/kernels.md, 'How to run')")
@@ -778,10 +783,13 @@ def main() -> None:
     if args.profile:
         profile_once(mh, dev)
         return
-    for section in (lambda: run_moe(args, mh, dev, smoke, results, checks, save),
-                    lambda: run_mhc(mhc_up, dev, smoke, results, checks),
-                    lambda: run_sink(dev, smoke, results, checks),
-                    *([lambda: run_mhc_sweep(dev, smoke, results)] if args.mhc_sweep else [])):
+    sections = {"moe": lambda: run_moe(args, mh, dev, smoke, results, checks, save),
+                "mhc": lambda: run_mhc(mhc_up, dev, smoke, results, checks),
+                "sink": lambda: run_sink(dev, smoke, results, checks),
+                "mhc-sweep": lambda: run_mhc_sweep(dev, smoke, results)}
+    for name, section in sections.items():
+        if name not in only or (name == "mhc-sweep" and not args.mhc_sweep):
+            continue
         try:
             section()
         except Exception:  # noqa: BLE001 - keep the other sections' numbers; the error is recorded
