@@ -57,8 +57,10 @@ def test_a_queue_of_three_from_one_page_all_finish(studio, page):
     page.locator("#job-panel-group").first.scroll_into_view_if_needed()
     IMAGES.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(IMAGES / "studio-queue.png"))
-    for seed in seeds:  # attached: a finished job switches the page to Results, hiding the list
-        row(page, seed).locator("td", has_text=re.compile(r"^done$")).wait_for(state="attached", timeout=300_000)
+    # attached: a finished job switches the page to Results, hiding the list. Waits for answers: with both cores
+    # busy beside it the first job's 15 steps took 5.0 min (19.7 s a step, 2026-12-07), past the 300 s this had.
+    for seed in seeds:
+        row(page, seed).locator("td", has_text=re.compile(r"^done$")).wait_for(state="attached", timeout=600_000)
         assert "took" in row(page, seed).inner_text()
     # The last one to finish is what Results shows.
     page.get_by_role("tab", name="Results").click()
