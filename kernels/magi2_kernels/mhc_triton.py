@@ -165,7 +165,7 @@ def _logits_partial_kernel(
     MMAs in place of tf32x3's three tf32 ones and no conversion of x. The small terms go into their
     own accumulator: added into p1's, Hopper's MMA dropped their low bits (1.05e-5 against fp64
     on the H100 with one accumulator, fp32 dots 2.3e-7).
-    ``TF32_PARTS`` (with ``PHI_PARTS`` 2): a 16-bit x is exact in tf32 (8 or 10 mantissa bits of tf32's 10),
+    ``TF32_PARTS`` (with ``PHI_PARTS`` 2): a 16-bit x is exact in tf32 (7 or 10 stored mantissa bits against tf32's 10),
     so tf32x3's split of x is wasted: ``phi_m`` comes as two fp32 terms, the first rounded to tf32, and two
     tf32 dots (the small term in its own accumulator) give tf32x3's error with no split in the loop.
     ``UPCAST_PARTS``: the same products as fp32 ``ieee`` dots (Triton's interpreter multiplies bf16
