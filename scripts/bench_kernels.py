@@ -479,6 +479,28 @@ def copy_ceiling(dev: str, smoke: bool) -> float:
     return 2 * nbytes / bench(lambda: dst.copy_(src), smoke)
 
 
+def sinkhorn_inputs(dev, gen, tokens):
+    """The Sinkhorn's arguments as the model passes them (strided views of one fused [T, 24] tensor),
+    the keyword settings, and its fp64 reference."""
+
+    fused = torch.randn(tokens, 24, device=dev, generator=gen) * 3
+    params = (torch.rand(1, device=dev, generator=gen) + 0.5, torch.randn(4, device=dev, generator=gen),
+              torch.rand(1, device=dev, generator=gen) + 0.5, torch.randn(4, 4, device=dev, generator=gen))
+    args = (fused[:, 4:8], fused[:, 8:].view(-1, 4, 4), *params)
+    ref = mhc.reference_post_residual(*(t.double() for t in args), scale=0.01, iterations=20, epsilon=1e-12,
+                                      out_dtype=torch.float64)
+    return fused, params, args, dict(scale=0.01, iterations=20, epsilon=1e-12, out_dtype=DTYPE), ref
+
+
+def projection_weights(dev, gen, tokens, hidden):
+    """The projection's RMS weight per modality (3), sorted modalities and phi."""
+
+    weight = torch.randn(3, 4 * hidden, device=dev, generator=gen) * 0.1
+    modality = torch.sort(torch.randint(0, 3, (tokens,), device=dev, generator=gen)).values
+    phi = torch.randn(4 * hidden, 24, device=dev, generator=gen) / (4 * hidden) ** 0.5
+    return weight, modality, phi
+
+
 def run_mhc(mhc_up, dev, smoke, results, checks):
     ceiling = results["copy_bytes_per_ms"]
     gen = torch.Generator(device=dev).manual_seed(99)
@@ -487,14 +509,8 @@ def run_mhc(mhc_up, dev, smoke, results, checks):
     native = mhc_up.MHCPostResidual.forward_native
     upstream_fused = object.__new__(mhc_up.MHCPostResidual)
     for tokens in tokens_list:
-        fused = torch.randn(tokens, 24, device=dev, generator=gen) * 3
-        params = (torch.rand(1, device=dev, generator=gen) + 0.5, torch.randn(4, device=dev, generator=gen),
-                  torch.rand(1, device=dev, generator=gen) + 0.5, torch.randn(4, 4, device=dev, generator=gen))
-        args = (fused[:, 4:8], fused[:, 8:].view(-1, 4, 4), *params)
-        kw = dict(scale=0.01, iterations=20, epsilon=1e-12, out_dtype=DTYPE)
+        fused, params, args, kw, ref = sinkhorn_inputs(dev, gen, tokens)
         ours = mhc.post_residual(*args, **kw)
-        ref = mhc.reference_post_residual(*(t.double() for t in args), scale=0.01, iterations=20, epsilon=1e-12,
-                                          out_dtype=torch.float64)
         checks.append(dict(check=f"sinkhorn_T{tokens}", post_rel_err=rel(ours[0], ref[0]),
                            residual_rel_err=rel(ours[1], ref[1])))
         bytes_floor = tokens * (20 * 4 + 20 * 2)
@@ -541,9 +557,7 @@ def run_mhc(mhc_up, dev, smoke, results, checks):
     results["mhc"].append(dict(kernel="pre", tokens=tokens, ours_ms=ms, native_ms=bench(native_pre, smoke),
                                bytes_floor=pre_bytes, ours_vs_floor=ms / (pre_bytes / ceiling)))
     flat = streams.view(tokens, -1)
-    weight = torch.randn(3, 4 * hidden, device=dev, generator=gen) * 0.1
-    modality = torch.sort(torch.randint(0, 3, (tokens,), device=dev, generator=gen)).values
-    phi = torch.randn(4 * hidden, 24, device=dev, generator=gen) / (4 * hidden) ** 0.5
+    weight, modality, phi = projection_weights(dev, gen, tokens, hidden)
 
     def native_logits():
         x = flat.float()
@@ -591,13 +605,7 @@ def run_mhc_sweep(dev, smoke, results):
     ceiling = results["copy_bytes_per_ms"]
     gen = torch.Generator(device=dev).manual_seed(99)
     tokens = 37 if smoke else 4_000_000
-    fused = torch.randn(tokens, 24, device=dev, generator=gen) * 3
-    params = (torch.rand(1, device=dev, generator=gen) + 0.5, torch.randn(4, device=dev, generator=gen),
-              torch.rand(1, device=dev, generator=gen) + 0.5, torch.randn(4, 4, device=dev, generator=gen))
-    args = (fused[:, 4:8], fused[:, 8:].view(-1, 4, 4), *params)
-    kw = dict(scale=0.01, iterations=20, epsilon=1e-12, out_dtype=DTYPE)
-    ref = mhc.reference_post_residual(*(t.double() for t in args), scale=0.01, iterations=20, epsilon=1e-12,
-                                      out_dtype=torch.float64)
+    _, _, args, kw, ref = sinkhorn_inputs(dev, gen, tokens)
     floor_ms = tokens * (20 * 4 + 20 * 2) / ceiling
     rows = results.setdefault("mhc_sweep", [])
     for config in SINKHORN_SWEEP[:2] if smoke else SINKHORN_SWEEP:
@@ -617,9 +625,7 @@ def run_mhc_sweep(dev, smoke, results):
         print(json.dumps(row), flush=True)
     tokens, hidden = (37, 64) if smoke else (15015, 3072)
     flat = torch.randn(tokens, 4 * hidden, device=dev, generator=gen).to(DTYPE)
-    weight = torch.randn(3, 4 * hidden, device=dev, generator=gen) * 0.1
-    modality = torch.sort(torch.randint(0, 3, (tokens,), device=dev, generator=gen)).values
-    phi = torch.randn(4 * hidden, 24, device=dev, generator=gen) / (4 * hidden) ** 0.5
+    weight, modality, phi = projection_weights(dev, gen, tokens, hidden)
     ref = mhc.reference_logits(flat.double(), weight.double(), modality, 1e-6, phi.double())
     floor_ms = tokens * 4 * hidden * 2 / ceiling
     precision = current_platform().dot_precision
